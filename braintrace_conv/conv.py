@@ -1,0 +1,236 @@
+r"""The convolution ETP primitive ``etp_conv_p`` and the ``conv`` wrapper.
+
+Forward (the full :func:`jax.lax.conv_general_dilated` surface, any rank):
+
+.. math::  y_{b,s,k} = \sum_{u,c} x_{b(k),\,\sigma(s,u),\,c}\; K_{u,c,k} + \beta_k
+
+where ``s`` is an output position, ``u`` a kernel tap, ``c`` an input channel of
+the group of ``k`` and ``\sigma`` the (strided, padded, dilated) window map.
+Since ``y`` is linear in ``K``, ``dy[b,s,k]/dK[u,c,k'] = delta(k,k') P[b,s,k,u,c]``
+where ``P`` is the receptive-field patch of ``x`` seen by output element
+``(b,s,k)``: the patches of the input, restricted to the channel group (feature
+grouping) or batch block (batch grouping) that feeds channel ``k``.
+
+Exact D-RTRL therefore keeps the kernel trace **position-resolved** (DESIGN.md
+section 2); it is stored in a canonical layout, independent of the user's
+``dimension_numbers``::
+
+    kernel trace: (N, G, K/G, *S_out, P, n)    P = I_kernel * prod(kernel spatial)
+    bias trace:   (*y.shape, n)                 output layout, summed only on contraction
+
+with ``G = feature_group_count * batch_group_count``. ``P`` is ordered
+channel-major, like the ``(I, *spatial)`` part of an ``OI...`` kernel.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import saiunit as u
+from jax import lax
+
+from .conv_args import conv_params
+from .primitive import apply_state_jacobian, register_primitive, weight_vjp
+from .units import bias_in_unit, join_unit, split_unit
+
+__all__ = ['etp_conv_p', 'conv']
+
+
+# --------------------------------------------------------------------------- forward
+def _lax_conv(x, kernel, p):
+    return lax.conv_general_dilated(
+        x, kernel, window_strides=p['strides'], padding=p['padding'],
+        lhs_dilation=p['lhs_dilation'], rhs_dilation=p['rhs_dilation'],
+        dimension_numbers=p['dimension_numbers'],
+        feature_group_count=p['feature_group_count'], batch_group_count=p['batch_group_count'],
+        precision=p['precision'], preferred_element_type=p['preferred_element_type'])
+
+
+def _bias_shape(rank: int, channel_axis: int, out_ch: int):
+    shape = [1] * rank
+    shape[channel_axis] = out_ch
+    return shape
+
+
+def _conv_impl(x, kernel, *bias, has_bias, **p):
+    y = _lax_conv(x, kernel, p)
+    if has_bias:
+        (b,) = bias
+        channel_axis = p['dimension_numbers'].out_spec[1]
+        y = y + jnp.reshape(b, _bias_shape(y.ndim, channel_axis, b.shape[0])).astype(y.dtype)
+    return y
+
+
+def _trainable_invars(params):
+    return {'weight': 1, 'bias': 2} if params['has_bias'] else {'weight': 1}
+
+
+# --------------------------------------------------------------------------- geometry
+def _groups(p) -> int:
+    return p['feature_group_count'] * p['batch_group_count']
+
+
+def _out_to_canonical(a, p, n_extra: int):
+    """Output-layout array with ``n_extra`` trailing axes -> ``(N, G, K/G, *S, *extra)``."""
+    rank = a.ndim - n_extra
+    perm = tuple(p['dimension_numbers'].out_spec) + tuple(range(rank, a.ndim))
+    a = jnp.transpose(a, perm)
+    g = _groups(p)
+    return a.reshape(a.shape[0], g, a.shape[1] // g, *a.shape[2:])
+
+
+def _kernel_spatial(kernel_shape, p):
+    return tuple(kernel_shape[i] for i in p['dimension_numbers'].rhs_spec[2:])
+
+
+def _patches(x, kernel_shape, p):
+    """Receptive-field patches ``(N_out, G, *S_out, P)`` of ``x`` (P channel-major)."""
+    dn = p['dimension_numbers']
+    x_c = jnp.transpose(x, dn.lhs_spec)                       # (N_in, C, *S_in)
+    if x.ndim == 2:   # no spatial dimensions (a dense layer): the patch is the input
+        return x_c[:, None, :]
+    patches = lax.conv_general_dilated_patches(
+        x_c, _kernel_spatial(kernel_shape, p), p['strides'], p['padding'],
+        lhs_dilation=p['lhs_dilation'], rhs_dilation=p['rhs_dilation'],
+        precision=p['precision'], preferred_element_type=p['preferred_element_type'])
+    n_in, feat, *spatial = patches.shape                      # feat = C * prod(U)
+    fgc, bgc = p['feature_group_count'], p['batch_group_count']
+    if bgc > 1:   # output channel group g reads input batch block g
+        patches = patches.reshape(bgc, n_in // bgc, feat, *spatial).swapaxes(0, 1)
+    else:         # output channel group g reads input channel block g
+        patches = patches.reshape(n_in, fgc, feat // fgc, *spatial)
+    return jnp.moveaxis(patches, 2, -1)
+
+
+def _trace_shape(y_shape, kernel_shape, p, n_state):
+    y_c = tuple(y_shape[i] for i in p['dimension_numbers'].out_spec)
+    g = _groups(p)
+    k_in = kernel_shape[p['dimension_numbers'].rhs_spec[1]]
+    taps = k_in * math.prod(_kernel_spatial(kernel_shape, p))
+    return (y_c[0], g, y_c[1] // g, *y_c[2:], taps, n_state)
+
+
+def _kernel_from_canonical(dk, kernel_shape, p):
+    """``(G, K/G, P)`` -> kernel layout."""
+    rhs_spec = p['dimension_numbers'].rhs_spec
+    canonical_shape = tuple(kernel_shape[i] for i in rhs_spec)           # (O, I, *U)
+    dk = dk.reshape(canonical_shape)
+    return jnp.transpose(dk, np.argsort(rhs_spec))
+
+
+def _spatial_axes_of_out(p, y_ndim):
+    out_spec = p['dimension_numbers'].out_spec
+    return tuple(i for i in range(y_ndim) if i != out_spec[1])
+
+
+# --------------------------------------------------------------------------- ETP rules
+def _yw_to_w(hidden_dim, trace, **p):
+    """Apply ``D^t`` (``(*y.shape, n, n)``) to the trace, position by position."""
+    d_c = _out_to_canonical(hidden_dim, p, 2)                 # (N, G, K/G, *S, n, n)
+    out = {'weight': apply_state_jacobian(d_c, trace['weight'], n_between=1)}
+    if 'bias' in trace:
+        out['bias'] = apply_state_jacobian(hidden_dim, trace['bias'])
+    return out
+
+
+def _xdf_to_trace(x, hidden_dim, weights, **p):
+    """Instantaneous term ``Df^t[b,s,k,:] * P[b,s,k,u,c]`` for ``hidden_dim = Df^t``."""
+    df_c = _out_to_canonical(hidden_dim, p, 1)                # (N, G, K/G, *S, n)
+    patches = _patches(x, weights['weight'].shape, p)         # (N, G, *S, P)
+    out = {'weight': df_c[..., None, :] * patches[:, :, None, ..., None].astype(df_c.dtype)}
+    if p['has_bias']:
+        out['bias'] = hidden_dim
+    return out
+
+
+def _trace_to_dw(trace, hidden_dim, weights, **p):
+    """``dK[u,c,k] = sum_{b,s,n} g[b,s,k,n] E[b,s,k,u,c,n]``; bias likewise."""
+    g_c = _out_to_canonical(hidden_dim, p, 1)                 # (N, G, K/G, *S, n)
+    e = trace['weight']
+    n, groups, per_group = e.shape[:3]
+    e = e.reshape(n, groups, per_group, -1, e.shape[-2], e.shape[-1])
+    g_c = g_c.reshape(n, groups, per_group, -1, g_c.shape[-1])
+    dk = jnp.einsum('ngospk,ngosk->gop', e, g_c)
+    out = {'weight': _kernel_from_canonical(dk, weights['weight'].shape, p)}
+    if p['has_bias']:
+        axes = _spatial_axes_of_out(p, hidden_dim.ndim - 1) + (hidden_dim.ndim - 1,)
+        out['bias'] = jnp.sum(hidden_dim * trace['bias'], axis=axes)
+    return out
+
+
+def _xy_to_dw(x, hidden_dim, weights, **p):
+    """Weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta`` (one weight-gradient conv)."""
+    operands = [x, weights['weight']] + ([weights['bias']] if p['has_bias'] else [])
+    return weight_vjp(etp_conv_p, operands, hidden_dim, **p)
+
+
+def _init_drtrl(x_aval, y_aval, weight_avals, n_state, **p):
+    out = {'weight': jnp.zeros(_trace_shape(y_aval.shape, weight_avals['weight'].shape, p, n_state),
+                               y_aval.dtype)}
+    if p['has_bias']:
+        out['bias'] = jnp.zeros((*y_aval.shape, n_state), y_aval.dtype)
+    return out
+
+
+def _init_pp(x_aval, y_aval, weight_avals, n_state, **p):
+    return jnp.zeros((*y_aval.shape, n_state), y_aval.dtype)
+
+
+etp_conv_p = register_primitive('etp_conv', _conv_impl, batched=True,
+                                trainable_invars_fn=_trainable_invars, x_invar_index=0)
+etp_conv_p.register_etp_rules(yw_to_w=_yw_to_w, xy_to_dw=_xy_to_dw, init_drtrl=_init_drtrl,
+                              init_pp=_init_pp, xdf_to_trace=_xdf_to_trace,
+                              trace_to_dw=_trace_to_dw)
+
+
+# --------------------------------------------------------------------------- public wrapper
+def conv(x, kernel, bias=None, *, strides: Sequence[int] | int, padding: str | Sequence = 'VALID',
+         lhs_dilation: Optional[Sequence[int]] = None, rhs_dilation: Optional[Sequence[int]] = None,
+         feature_group_count: int = 1, batch_group_count: int = 1, dimension_numbers: Any = None,
+         precision: Any = None, preferred_element_type: Any = None):
+    r"""Trainable N-D convolution (``jax.lax.conv_general_dilated`` semantics) plus bias.
+
+    Args:
+      x: input, rank ``n_spatial + 2`` with a batch axis; layout given by
+        ``dimension_numbers`` (default ``NC...``, e.g. ``NCHW``). May be a
+        ``saiunit`` quantity.
+      kernel: kernel, same rank; layout default ``OI...`` (e.g. ``OIHW``). Its
+        input-channel size is ``in_channels / feature_group_count``. May carry
+        a unit.
+      bias: optional ``(out_channels,)``, added along the output channel axis;
+        its unit must have the dimension of ``unit(x) * unit(kernel)``.
+      strides: window strides, an int or one per spatial dimension.
+      padding: ``'SAME'``, ``'SAME_LOWER'``, ``'VALID'`` or ``n_spatial``
+        explicit ``(low, high)`` pairs (negative values crop).
+      lhs_dilation, rhs_dilation: input / kernel dilation, one per spatial dim.
+      feature_group_count, batch_group_count: grouping as in lax (not both > 1).
+      dimension_numbers: ``None``, a spec triple like ``('NHWC', 'HWIO',
+        'NHWC')``, or a ``lax.ConvDimensionNumbers``.
+      precision, preferred_element_type: passed to lax.
+
+    Returns:
+      ``y`` in the output layout, with unit ``unit(x) * unit(kernel)``; a plain
+      array when both are unitless.
+
+    Raises:
+      ValueError / TypeError naming the offending argument, before any compute.
+    """
+    x_v, x_unit = split_unit(x, 'x')
+    k_v, k_unit = split_unit(kernel, 'kernel')
+    params = conv_params(jnp.shape(x_v), jnp.shape(k_v), strides=strides, padding=padding,
+                         lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+                         feature_group_count=feature_group_count,
+                         batch_group_count=batch_group_count,
+                         dimension_numbers=dimension_numbers, precision=precision,
+                         preferred_element_type=preferred_element_type)
+    dtype = jnp.result_type(x_v, k_v)
+    operands = [jnp.asarray(x_v, dtype), jnp.asarray(k_v, dtype)]
+    unit = x_unit * k_unit
+    if bias is not None:
+        out_ch = jnp.shape(k_v)[params['dimension_numbers'].rhs_spec[0]]
+        operands.append(bias_in_unit(bias, unit, (out_ch,), dtype))
+    y = etp_conv_p.bind(*operands, has_bias=bias is not None, **params)
+    return join_unit(y, unit)

@@ -1,0 +1,157 @@
+"""Validation and normalisation of the ``conv_general_dilated`` keyword surface.
+
+One rank-generic place turns user arguments into the hashable parameters the
+conv primitive is bound with, and rejects bad input before any compute, with a
+message naming the argument and what was expected.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import numpy as np
+from jax import lax
+
+__all__ = ['conv_params', 'canonical_perms']
+
+_PADDING_STRINGS = ('SAME', 'SAME_LOWER', 'VALID')
+
+
+def _int_tuple(name: str, value, n_spatial: int, default: int | None) -> tuple[int, ...]:
+    """A positive-int tuple of length ``n_spatial`` (an int is broadcast)."""
+    if value is None:
+        if default is None:
+            raise ValueError(f'{name} is required: a sequence of {n_spatial} positive ints.')
+        return (default,) * n_spatial
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (int(value),) * n_spatial
+    try:
+        value = tuple(operator.index(v) for v in value)
+    except TypeError:
+        raise TypeError(f'{name} must be an int or a sequence of {n_spatial} ints, '
+                        f'got {value!r}.') from None
+    if len(value) != n_spatial:
+        raise ValueError(f'{name} must have {n_spatial} entries (one per spatial '
+                         f'dimension), got {len(value)}: {value!r}.')
+    if any(v <= 0 for v in value):
+        raise ValueError(f'{name} must be positive, got {value!r}.')
+    return value
+
+
+def _padding(padding, n_spatial: int):
+    if isinstance(padding, str):
+        if padding.upper() not in _PADDING_STRINGS:
+            raise ValueError(f"padding must be one of {_PADDING_STRINGS} or a sequence of "
+                             f"{n_spatial} (low, high) int pairs, got {padding!r}.")
+        return padding.upper()
+    try:
+        pairs = tuple((operator.index(lo), operator.index(hi)) for lo, hi in padding)
+    except (TypeError, ValueError):
+        raise TypeError(f'padding must be a string or a sequence of {n_spatial} (low, high) '
+                        f'int pairs, got {padding!r}.') from None
+    if len(pairs) != n_spatial:
+        raise ValueError(f'padding must have {n_spatial} (low, high) pairs, got {len(pairs)}.')
+    return pairs
+
+
+def _check_spec(name: str, spec: str, required: str, rank: int) -> None:
+    if not isinstance(spec, str):
+        raise TypeError(f'dimension_numbers {name} spec must be a string, got {spec!r}.')
+    if len(spec) != rank or len(set(spec)) != rank or not set(required) <= set(spec):
+        raise ValueError(
+            f'dimension_numbers {name} spec {spec!r} must be a permutation of {rank} distinct '
+            f'characters containing {", ".join(required)} and {rank - 2} spatial characters '
+            f'(e.g. {required[0] + "HW"[:rank - 2] + required[1] if rank <= 4 else "..."}).')
+
+
+def _dimension_numbers(dimension_numbers, rank: int) -> lax.ConvDimensionNumbers:
+    if dimension_numbers is None:
+        iota = tuple(range(rank))
+        return lax.ConvDimensionNumbers(iota, iota, iota)
+    if isinstance(dimension_numbers, lax.ConvDimensionNumbers):
+        for name, spec in zip(('lhs', 'rhs', 'out'), dimension_numbers):
+            if sorted(spec) != list(range(rank)):
+                raise ValueError(f'dimension_numbers.{name}_spec must be a permutation of '
+                                 f'range({rank}), got {spec!r}.')
+        return lax.ConvDimensionNumbers(*(tuple(int(i) for i in s) for s in dimension_numbers))
+    if not (isinstance(dimension_numbers, (tuple, list)) and len(dimension_numbers) == 3):
+        raise TypeError('dimension_numbers must be None, a ConvDimensionNumbers or a triple of '
+                        f"spec strings such as ('NHWC', 'HWIO', 'NHWC'); got {dimension_numbers!r}.")
+    lhs, rhs, out = dimension_numbers
+    _check_spec('lhs', lhs, 'NC', rank)
+    _check_spec('rhs', rhs, 'OI', rank)
+    _check_spec('out', out, 'NC', rank)
+    spatial = set(lhs) - set('NC')
+    if set(out) - set('NC') != spatial or set(rhs) - set('OI') != spatial:
+        raise ValueError(f'dimension_numbers {dimension_numbers!r}: lhs, rhs and out specs must '
+                         f'name the same spatial characters.')
+    return lax.conv_dimension_numbers((1,) * rank, (1,) * rank, (lhs, rhs, out))
+
+
+def canonical_perms(dn: lax.ConvDimensionNumbers):
+    """Permutations taking lhs, rhs and out arrays to ``NC...``, ``OI...``, ``NC...``."""
+    return tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)
+
+
+def conv_params(x_shape: Sequence[int], kernel_shape: Sequence[int], *, strides, padding,
+                lhs_dilation, rhs_dilation, feature_group_count, batch_group_count,
+                dimension_numbers, precision, preferred_element_type) -> dict[str, Any]:
+    """Validate conv arguments and return the primitive's hashable params.
+
+    Args:
+      x_shape: input shape, rank ``n_spatial + 2`` (batch, channel, spatial in
+        the order given by ``dimension_numbers``).
+      kernel_shape: kernel shape, same rank.
+      Others: as in :func:`jax.lax.conv_general_dilated`.
+
+    Returns:
+      ``dict(strides, padding, lhs_dilation, rhs_dilation, feature_group_count,
+      batch_group_count, dimension_numbers, precision, preferred_element_type)``
+      with tuples, an explicit ``ConvDimensionNumbers`` and validated groups.
+    """
+    rank = len(x_shape)
+    if rank < 3:
+        raise ValueError(f'x must have rank >= 3 (batch, channel and at least one spatial '
+                         f'dimension), got shape {tuple(x_shape)}.')
+    if len(kernel_shape) != rank:
+        raise ValueError(f'kernel must have the same rank as x ({rank}), got kernel shape '
+                         f'{tuple(kernel_shape)} for x shape {tuple(x_shape)}.')
+    n_spatial = rank - 2
+    dn = _dimension_numbers(dimension_numbers, rank)
+    for name, count in (('feature_group_count', feature_group_count),
+                        ('batch_group_count', batch_group_count)):
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise ValueError(f'{name} must be a positive int, got {count!r}.')
+    fgc, bgc = int(feature_group_count), int(batch_group_count)
+    if fgc > 1 and bgc > 1:
+        raise ValueError(f'feature_group_count ({fgc}) and batch_group_count ({bgc}) cannot '
+                         f'both be > 1.')
+    batch, in_ch = x_shape[dn.lhs_spec[0]], x_shape[dn.lhs_spec[1]]
+    out_ch, k_in = kernel_shape[dn.rhs_spec[0]], kernel_shape[dn.rhs_spec[1]]
+    if in_ch % fgc:
+        raise ValueError(f'feature_group_count ({fgc}) must divide the input channels ({in_ch}).')
+    if in_ch != k_in * fgc:
+        raise ValueError(f'kernel input-channel size must be in_channels / feature_group_count '
+                         f'= {in_ch} / {fgc} = {in_ch // fgc}, got {k_in} (kernel shape '
+                         f'{tuple(kernel_shape)}).')
+    for name, count in (('feature_group_count', fgc), ('batch_group_count', bgc)):
+        if out_ch % count:
+            raise ValueError(f'{name} ({count}) must divide the kernel output channels '
+                             f'({out_ch}).')
+    if batch % bgc:
+        raise ValueError(f'batch_group_count ({bgc}) must divide the batch size ({batch}).')
+    if isinstance(precision, str):
+        precision = lax.Precision(precision)
+    elif isinstance(precision, list):
+        precision = tuple(precision)
+    return dict(
+        strides=_int_tuple('strides', strides, n_spatial, None),
+        padding=_padding(padding, n_spatial),
+        lhs_dilation=_int_tuple('lhs_dilation', lhs_dilation, n_spatial, 1),
+        rhs_dilation=_int_tuple('rhs_dilation', rhs_dilation, n_spatial, 1),
+        feature_group_count=fgc,
+        batch_group_count=bgc,
+        dimension_numbers=dn,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )

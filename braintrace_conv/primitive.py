@@ -1,0 +1,213 @@
+"""ETP primitives: JAX primitives that also carry the rules of an online learner.
+
+An ETP ("eligibility-trace propagation") primitive is an ordinary
+:class:`jax.extend.core.Primitive` whose every standard JAX rule is derived
+from one Python implementation ``impl(*args, **params) -> array``:
+
+* evaluation and MLIR lowering run ``impl`` itself,
+* abstract evaluation is ``jax.eval_shape`` of ``impl``,
+* the JVP is the JVP of ``impl`` (the primal output stays this primitive, so
+  it remains visible in differentiated jaxprs),
+* the transpose (for uses that are linear in some operands) is the VJP of
+  ``impl`` with respect to those operands,
+* batching is ``jax.vmap`` of ``impl``.
+
+So ``jax.jit``, ``jax.grad``, ``jax.vmap``, ``jax.lax.scan`` and BPTT work
+unchanged. On top of that each primitive holds a read-only table of named
+*ETP rules*, installed with :meth:`ETPPrimitive.register_etp_rules`, which the
+online executors call (see ``DESIGN.md`` section 4). Executors never look a
+primitive up by identity: any primitive registered here with the same rules
+is handled the same way.
+
+Rule contract (``y`` is the primitive's output, ``n`` the number of state
+variables of the hidden group the output feeds, arrays in the primitive's own
+output layout unless said otherwise):
+
+==============  =============================================================
+``yw_to_w``     ``(hidden_dim, trace, **params) -> trace``: apply ``D^t``
+                (``hidden_dim``: ``(*y.shape, n, n)``) to a D-RTRL trace,
+                position by position.
+``xy_to_dw``    ``(x, hidden_dim, weights, **params) -> dw``: the
+                weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta`` for a
+                cotangent ``hidden_dim`` of shape ``y.shape``.
+``init_drtrl``  ``(x_aval, y_aval, weight_avals, n_state, **params)``:
+                zeros of the exact D-RTRL trace.
+``init_pp``     ``(x_aval, y_aval, weight_avals, n_state, **params)``:
+                zeros of the ES-D-RTRL output trace, ``(*y.shape, n)``.
+``xdf_to_trace`` ``(x, hidden_dim, weights, **params) -> trace``: the
+                per-position instantaneous term ``Df^t * dy/dtheta`` for
+                ``hidden_dim = Df^t`` of shape ``(*y.shape, n)``.
+``trace_to_dw`` ``(trace, hidden_dim, weights, **params) -> dw``: contract a
+                trace with the learning signal ``hidden_dim = g^t``
+                (``(*y.shape, n)``) into a weight-shaped gradient.
+==============  =============================================================
+
+``weights`` and ``dw`` are dicts keyed like ``trainable_invars_fn(params)``.
+"""
+from __future__ import annotations
+
+import types
+from functools import partial
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core as jex_core
+from jax.interpreters import ad, batching, mlir
+
+__all__ = ['ETPPrimitive', 'register_primitive', 'STANDARD_RULES', 'DRTRL_RULES',
+           'ES_DRTRL_RULES', 'weight_vjp', 'apply_state_jacobian']
+
+#: Rules every ETP primitive is expected to provide (DESIGN.md section 4).
+STANDARD_RULES = ('yw_to_w', 'xy_to_dw', 'init_drtrl', 'init_pp')
+#: Rules the D-RTRL executor calls.
+DRTRL_RULES = ('yw_to_w', 'xy_to_dw', 'init_drtrl', 'xdf_to_trace', 'trace_to_dw')
+#: Rules the ES-D-RTRL executor calls.
+ES_DRTRL_RULES = ('xy_to_dw', 'init_pp')
+
+
+class ETPPrimitive(jex_core.Primitive):
+    """A JAX primitive with derived standard rules and a table of ETP rules.
+
+    Create one with :func:`register_primitive`, not directly.
+
+    Attributes:
+      impl_fn: ``impl(*args, **params) -> array``, the forward computation.
+      batched: whether operand ``x_invar_index`` carries a batch axis.
+      x_invar_index: position of the input ``x`` among the operands.
+    """
+
+    def __init__(self, name: str, impl: Callable, *, batched: bool,
+                 trainable_invars_fn: Callable[[Mapping[str, Any]], Mapping[str, int]],
+                 x_invar_index: int):
+        super().__init__(name)
+        self.impl_fn = impl
+        self.batched = bool(batched)
+        self.x_invar_index = int(x_invar_index)
+        self._trainable_invars_fn = trainable_invars_fn
+        self._rules: dict[str, Callable] = {}
+
+    @property
+    def etp_rules(self) -> Mapping[str, Callable]:
+        """Read-only mapping from rule name to rule function."""
+        return types.MappingProxyType(self._rules)
+
+    def register_etp_rules(self, **rules: Callable) -> None:
+        """Install (or replace) ETP rules, e.g. ``register_etp_rules(yw_to_w=f)``."""
+        for name, fn in rules.items():
+            if not callable(fn):
+                raise TypeError(f'ETP rule {name!r} of primitive {self.name!r} must be '
+                                f'callable, got {type(fn).__name__}.')
+        self._rules.update(rules)
+
+    def rule(self, name: str) -> Callable:
+        """Return rule ``name``; raise a ``NotImplementedError`` naming what is missing."""
+        try:
+            return self._rules[name]
+        except KeyError:
+            raise NotImplementedError(
+                f'ETP primitive {self.name!r} has no rule {name!r}; it provides '
+                f'{sorted(self._rules)}. Register it with '
+                f'{self.name}.register_etp_rules({name}=...).') from None
+
+    def missing_rules(self, names) -> list[str]:
+        """The names in ``names`` this primitive does not provide."""
+        return [n for n in names if n not in self._rules]
+
+    def trainable_invars(self, params: Mapping[str, Any]) -> dict[str, int]:
+        """``{weight_name: operand_index}`` for the trainable operands of one bind."""
+        return dict(self._trainable_invars_fn(params))
+
+
+def _abstract_eval(impl, *avals, **params):
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    out = jax.eval_shape(partial(impl, **params), *structs)
+    return jax.core.ShapedArray(out.shape, out.dtype)
+
+
+def _jvp_rule(prim, primals, tangents, **params):
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    _, tangent_out = jax.jvp(partial(prim.impl_fn, **params), tuple(primals), tuple(tangents))
+    return prim.bind(*primals, **params), tangent_out
+
+
+def _transpose_rule(impl, cotangent, *args, **params):
+    # Called only where the primitive is used linearly in the undefined
+    # operands; the VJP at zero is then the transpose of that linear map.
+    undefined = [ad.is_undefined_primal(a) for a in args]
+
+    def linear_part(*lin_args):
+        it = iter(lin_args)
+        full = [next(it) if u else a for a, u in zip(args, undefined)]
+        return impl(*full, **params)
+
+    zeros = [jnp.zeros(a.aval.shape, a.aval.dtype) for a, u in zip(args, undefined) if u]
+    _, vjp = jax.vjp(linear_part, *zeros)
+    cts = iter(vjp(ad.instantiate_zeros(cotangent)))
+    return [next(cts) if u else None for u in undefined]
+
+
+def _batch_rule(impl, args, dims, **params):
+    in_axes = tuple(d if isinstance(d, int) else None for d in dims)  # unmapped: None
+    return jax.vmap(partial(impl, **params), in_axes=in_axes)(*args), 0
+
+
+def register_primitive(name: str, impl: Callable, *, batched: bool,
+                       trainable_invars_fn: Callable[[Mapping[str, Any]], Mapping[str, int]],
+                       x_invar_index: int) -> ETPPrimitive:
+    """Create an :class:`ETPPrimitive` whose standard JAX rules derive from ``impl``.
+
+    Args:
+      name: primitive name, as shown in jaxprs.
+      impl: ``impl(*operands, **params) -> array``, a pure JAX function.
+      batched: whether the input operand carries a batch axis.
+      trainable_invars_fn: ``params -> {weight_name: operand_index}``, the
+        operands the online learners compute gradients for.
+      x_invar_index: operand index of the input ``x`` (the value an
+        eligibility trace is built from).
+
+    Returns:
+      The primitive. Add its ETP rules with ``register_etp_rules``.
+    """
+    prim = ETPPrimitive(name, impl, batched=batched, trainable_invars_fn=trainable_invars_fn,
+                        x_invar_index=x_invar_index)
+    prim.def_impl(impl)
+    prim.def_abstract_eval(partial(_abstract_eval, impl))
+    mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
+    ad.primitive_jvps[prim] = partial(_jvp_rule, prim)
+    ad.primitive_transposes[prim] = partial(_transpose_rule, impl)
+    batching.primitive_batchers[prim] = partial(_batch_rule, impl)
+    return prim
+
+
+def weight_vjp(prim: ETPPrimitive, operands, cotangent, **params) -> dict:
+    """``sum_{b,s} cotangent * dy/dtheta`` for every trainable operand ``theta``.
+
+    The weight-shaped VJP of ``prim.impl_fn`` at ``operands``; the generic
+    body of an ``xy_to_dw`` rule.
+    """
+    slots = prim.trainable_invars(params)
+    names = list(slots)
+
+    def of_weights(*ws):
+        full = list(operands)
+        for n, w in zip(names, ws):
+            full[slots[n]] = w
+        return prim.impl_fn(*full, **params)
+
+    _, vjp = jax.vjp(of_weights, *[operands[slots[n]] for n in names])
+    return dict(zip(names, vjp(cotangent)))
+
+
+def apply_state_jacobian(jacobian, trace, n_between: int = 0):
+    """``out[..., *mid, m] = sum_k jacobian[..., m, k] * trace[..., *mid, k]``.
+
+    Applies the per-element ``n x n`` state Jacobian ``D^t`` to a trace whose
+    last axis runs over the ``n`` state variables; ``n_between`` axes of the
+    trace (e.g. kernel taps) sit between the shared leading axes and that last
+    axis and are broadcast over.
+    """
+    jacobian = jacobian.reshape(jacobian.shape[:-2] + (1,) * n_between + jacobian.shape[-2:])
+    if jacobian.shape[-1] == 1:
+        return jacobian[..., 0] * trace
+    return jnp.sum(jacobian * trace[..., None, :], axis=-1)
