@@ -1,0 +1,290 @@
+"""The interface every executor shares, and the scan that drives the online ones.
+
+A learner wraps a ``brainstate.nn.Module`` whose ``update(x)`` advances one
+time step. Two ways to use it:
+
+* whole sequences: ``loss, grads = learner.value_and_grad(loss_fn, xs, targets)``;
+* truly online: ``learner.reset(batch_size)`` once, then repeatedly
+  ``loss, grads = learner.advance(loss_fn, xs_chunk, targets_chunk)``, update
+  the parameters, and continue: hidden states and traces are kept between
+  calls, gradients are those of the chunk's steps.
+
+``xs`` and ``targets`` are pytrees of arrays with a leading time axis
+``(T, B, ...)``; ``loss_fn(output_t, target_t)`` returns a scalar and the loss
+is the sum over steps. ``grads`` is keyed exactly like
+``model.states(brainstate.ParamState)``; each value has the structure of the
+state's value (for a ``saiunit`` quantity: the derivative with respect to the
+mantissa, so an optax update applies to it directly).
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .graph import StepGraph, TracedStep, analyse, trace_step
+from .signals import StepSignals, step_signals
+
+__all__ = ['Learner', 'OnlineLearner', 'Report']
+
+
+@dataclasses.dataclass
+class Report:
+    """How each parameter gets its gradient, and what the traces cost.
+
+    ``rows``: one dict per parameter leaf with ``parameter``, ``shape``,
+    ``method`` and ``trace_bytes`` (memory of the traces attributed to it).
+    """
+    algorithm: str
+    rows: list
+
+    @property
+    def trace_bytes(self) -> int:
+        return sum(r['trace_bytes'] for r in self.rows)
+
+    def __str__(self) -> str:
+        head = f'{self.algorithm}: total trace memory {self.trace_bytes / 2**20:.2f} MiB\n'
+        width = max([len(r['parameter']) for r in self.rows] + [9])
+        lines = [f"{'parameter':<{width}}  {'shape':<16} {'trace MiB':>9}  method"]
+        for r in self.rows:
+            lines.append(f"{r['parameter']:<{width}}  {str(r['shape']):<16} "
+                         f"{r['trace_bytes'] / 2**20:>9.3f}  {r['method']}")
+        return head + '\n'.join(lines)
+
+
+def _check_sequences(xs, targets):
+    x_leaves, t_leaves = jax.tree.leaves(xs), jax.tree.leaves(targets)
+    if not x_leaves:
+        raise ValueError('xs is empty: expected arrays of shape (T, B, ...).')
+    lengths = {np.shape(a)[0] if np.ndim(a) else None for a in x_leaves}
+    if None in lengths or len(lengths) != 1:
+        raise ValueError(f'every leaf of xs must have the same leading time axis (T, B, ...); '
+                         f'got shapes {[np.shape(a) for a in x_leaves]}.')
+    (T,) = lengths
+    if T == 0:
+        raise ValueError('xs has zero time steps.')
+    if any(np.ndim(a) < 2 for a in x_leaves):
+        raise ValueError(f'xs leaves must be (T, B, ...) with a batch axis; got shapes '
+                         f'{[np.shape(a) for a in x_leaves]}.')
+    t_lengths = {np.shape(a)[0] if np.ndim(a) else None for a in t_leaves}
+    if t_leaves and t_lengths != {T}:
+        raise ValueError(f'targets must have the same number of time steps as xs ({T}); got '
+                         f'leading sizes {sorted(t_lengths, key=str)}.')
+    batch = {np.shape(a)[1] for a in x_leaves}
+    if len(batch) != 1:
+        raise ValueError(f'xs leaves disagree on the batch size (axis 1): {sorted(batch)}.')
+    return T, batch.pop()
+
+
+def _signature(step_inputs, model):
+    leaves = jax.tree.leaves(step_inputs)
+    states = [v for st in model.states().values() for v in jax.tree.leaves(st.value)]
+    return (jax.tree.structure(step_inputs),
+            tuple((np.shape(a), jnp.result_type(a)) for a in leaves),
+            tuple((np.shape(a), jnp.result_type(a)) for a in states))
+
+
+class Learner(abc.ABC):
+    """Base of the three executors (see module docstring)."""
+
+    algorithm = 'learner'
+    needs_graph = True   # the online executors analyse the step; BPTT only traces it
+
+    def __init__(self, model: brainstate.nn.Module):
+        if not isinstance(model, brainstate.nn.Module):
+            raise TypeError(f'model must be a brainstate.nn.Module, got {type(model).__name__}.')
+        self.model = model
+        self._graphs: dict = {}
+        self._compiled: dict = {}
+        self._carry = None          # (hidden leaves, algorithm state) between advance() calls
+        self._last = None           # the graph (or traced step) of the last call
+
+    # ------------------------------------------------------------------ public API
+    def value_and_grad(self, loss_fn: Callable, xs, targets, *, reset: bool = True,
+                       return_outputs: bool = False):
+        """Loss summed over the sequence and its gradient (see module docstring).
+
+        Args:
+          loss_fn: ``loss_fn(output_t, target_t) -> scalar``.
+          xs: pytree of ``(T, B, ...)`` inputs.
+          targets: pytree of ``(T, ...)`` targets.
+          reset: re-initialise hidden states for batch size ``B`` first
+            (``brainstate.nn.init_all_states``); otherwise start from the
+            model's current hidden states. Traces always start at zero.
+          return_outputs: also return the stacked outputs ``(T, ...)``.
+
+        Returns:
+          ``(loss, grads)`` or ``(loss, grads, outputs)``.
+        """
+        _, batch = _check_sequences(xs, targets)
+        if reset:
+            brainstate.nn.init_all_states(self.model, batch)
+        graph = self._graph(xs)
+        hidden = graph_step(graph).hidden_leaves()
+        result = self._call(graph, loss_fn, hidden, self._init_state(graph, hidden), xs, targets,
+                            return_outputs)
+        return result
+
+    def reset(self, batch_size: int) -> None:
+        """Start a new online run: fresh hidden states and zero traces."""
+        brainstate.nn.init_all_states(self.model, batch_size)
+        self._carry = None
+
+    def advance(self, loss_fn: Callable, xs, targets, *, return_outputs: bool = False):
+        """Run ``T`` more steps, keeping hidden states and traces; return this chunk's
+        ``(loss, grads[, outputs])``. Parameters are read from the model at each call."""
+        _check_sequences(xs, targets)
+        graph = self._graph(xs)
+        if self._carry is None:
+            hidden = graph_step(graph).hidden_leaves()
+            self._carry = (hidden, self._init_state(graph, hidden))
+        return self._call(graph, loss_fn, *self._carry, xs, targets, return_outputs)
+
+    def predict(self, xs, *, reset: bool = True):
+        """Forward pass only: the stacked outputs ``(T, ...)`` for inputs ``(T, B, ...)``."""
+        _, batch = _check_sequences(xs, ())
+        if reset:
+            brainstate.nn.init_all_states(self.model, batch)
+        step = graph_step(self._graph(xs))
+        key = ('predict', _signature(jax.tree.map(lambda a: a[0], xs), self.model))
+        if key not in self._compiled:
+            def run(params, hidden, xs):
+                def body(h, x):
+                    new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
+                    return new_h, jax.tree.unflatten(step.out_tree, out)
+                return lax.scan(body, hidden, xs)
+            self._compiled[key] = jax.jit(run)
+        hidden, outs = self._compiled[key](step.param_leaves(), step.hidden_leaves(), xs)
+        step.write_hidden(hidden)
+        return outs
+
+    def report(self) -> Report:
+        """How each parameter's gradient is computed and the trace memory, for the
+        shapes of the last call (raises if the learner was never called)."""
+        if self._last is None:
+            raise RuntimeError('report() describes the last call; call value_and_grad, advance '
+                               'or predict first.')
+        return self._report(self._last)
+
+    # ------------------------------------------------------------------ internals
+    def _graph(self, xs):
+        x0 = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), xs)
+        key = _signature(x0, self.model)
+        if key not in self._graphs:
+            step = trace_step(self.model, x0)
+            self._graphs[key] = analyse(step) if self.needs_graph else step
+        self._last = self._graphs[key]
+        return self._last
+
+    def _call(self, graph, loss_fn, hidden, state, xs, targets, return_outputs):
+        step = graph_step(graph)
+        key = (id(graph), loss_fn, return_outputs)
+        if key not in self._compiled:
+            self._compiled[key] = jax.jit(
+                lambda p, h, s, xs, ts: self._sequence(graph, loss_fn, p, h, s, xs, ts,
+                                                       return_outputs))
+        loss, grads, hidden, state, outs = self._compiled[key](
+            step.param_leaves(), hidden, state, xs, targets)
+        step.write_hidden(hidden)
+        self._carry = (hidden, state)
+        grads = step.params_tree(grads)
+        return (loss, grads, outs) if return_outputs else (loss, grads)
+
+    def _init_state(self, graph, hidden):
+        return ()
+
+    @abc.abstractmethod
+    def _sequence(self, graph, loss_fn, params, hidden, state, xs, targets, return_outputs):
+        """``(loss, param-leaf grads, hidden, state, outputs or None)`` for one sequence."""
+
+    @abc.abstractmethod
+    def _report(self, graph) -> Report:
+        ...
+
+
+def graph_step(graph) -> TracedStep:
+    return graph.step if isinstance(graph, StepGraph) else graph
+
+
+class OnlineLearner(Learner):
+    """Shared scan of D-RTRL and ES-D-RTRL: per step, :func:`step_signals` and
+    the algorithm's trace update ``_update``; gradients are accumulated in the
+    carry, so memory does not depend on ``T``."""
+
+    def _sequence(self, graph, loss_fn, params, hidden, state, xs, targets, return_outputs):
+        weights, pull_back = jax.vjp(graph.weights, params)
+        direct = sorted(graph.direct_params)
+        zeros_w = jax.tree.map(jnp.zeros_like, weights)
+        zeros_p = [jnp.zeros_like(params[k]) for k in direct]
+
+        def body(carry, inp):
+            h, st, acc_w, acc_p, loss_sum = carry
+            x, target = inp
+            sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn)
+            st, dw = self._update(graph, st, sig, weights)
+            acc_w = [jax.tree.map(jnp.add, a, dw[k]) for k, a in enumerate(acc_w)]
+            acc_p = [a + b for a, b in zip(acc_p, sig.direct_grads)]
+            out = jax.tree.unflatten(graph.step.out_tree, sig.outputs) if return_outputs else None
+            return (sig.new_hidden, st, acc_w, acc_p, loss_sum + sig.loss), out
+
+        loss0 = jnp.zeros((), jnp.result_type(float))
+        (hidden, state, acc_w, acc_p, loss), outs = lax.scan(
+            body, (hidden, state, zeros_w, zeros_p, loss0), (xs, targets))
+        (grads,) = pull_back(acc_w)
+        grads = list(grads)
+        for k, g in zip(direct, acc_p):
+            grads[k] = grads[k] + g
+        return loss, grads, hidden, state, outs
+
+    @abc.abstractmethod
+    def _update(self, graph: StepGraph, state, sig: StepSignals, weights):
+        """``(new state, {op: dw})`` for one step."""
+
+    # -------------------------------------------------------------- shared pieces
+    @staticmethod
+    def signals_in_y_layout(graph: StepGraph, k: int, sig: StepSignals):
+        """``(D, Df, g)`` of grouped op ``k`` in its output layout."""
+        op = graph.ops[k]
+        return (graph.y_layout(op, sig.D[op.group], 2), sig.Df[k],
+                graph.y_layout(op, sig.g[op.group], 1))
+
+    @staticmethod
+    def instantaneous_dw(graph: StepGraph, k: int, sig: StepSignals, weights, df=None, g=None):
+        """Within-step gradient not carried by the trace: ``xy_to_dw(x, gamma)`` for a
+        readout; for a grouped op with a bypass, ``gamma`` minus the part through its
+        neurons (``sum_n g * Df``), which the trace already holds."""
+        op = graph.ops[k]
+        cot = sig.gamma[k]
+        if op.group is not None:
+            cot = cot - jnp.sum(g * df, axis=-1)
+        return op.primitive.rule('xy_to_dw')(sig.xs[k], cot, weights[k], **op.params)
+
+    def _method_rows(self, graph: StepGraph, trace_method: str, op_bytes: dict) -> Report:
+        step = graph.step
+        methods = {p: [] for p in range(step.n_params)}
+        bytes_of = {p: 0 for p in range(step.n_params)}
+        for k, op in enumerate(graph.ops):
+            if op.group is not None:
+                m = trace_method
+            elif op.exact_readout:
+                m = 'exact (instantaneous: output reaches no hidden state)'
+            else:
+                m = 'approximate (instantaneous only: output reaches hidden states via other ops)'
+            for p in op.param_leaves:
+                methods[p].append(f'{m} via {op.primitive.name} #{k}')
+                bytes_of[p] += op_bytes.get(k, 0) // max(len(op.param_leaves), 1)
+        for p, kind in graph.direct_params.items():
+            methods[p].append('exact (instantaneous: used only on the path to the output)'
+                              if kind == 'output' else
+                              'approximate (instantaneous only: non-ETP path into hidden states)')
+        leaves = step.param_leaves()
+        rows = [dict(parameter=step.param_names[p], shape=tuple(np.shape(leaves[p])),
+                     method='; '.join(methods[p]) or 'unused (the loss does not depend on it)',
+                     trace_bytes=bytes_of[p]) for p in range(step.n_params)]
+        return Report(self.algorithm, rows)
