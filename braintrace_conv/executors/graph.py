@@ -63,8 +63,9 @@ class TracedStep:
     name every leaf; ``out_tree`` rebuilds the model output.
     """
     closed_jaxpr: Any
-    hidden_states: list
-    param_states: dict
+    model: Any
+    hidden_keys: list
+    param_keys: list
     hidden_names: list[str]
     param_names: list[str]
     hidden_treedefs: list
@@ -80,22 +81,30 @@ class TracedStep:
     def n_params(self) -> int:
         return len(self.param_names)
 
+    # States are looked up on every use: re-initialising a model replaces its state objects.
+    def _states(self, kind, keys):
+        found = self.model.states(kind)
+        return [found[k] for k in keys]
+
     def hidden_leaves(self):
-        return [leaf for st in self.hidden_states for leaf in jax.tree.leaves(st.value)]
+        return [leaf for st in self._states(brainstate.HiddenState, self.hidden_keys)
+                for leaf in jax.tree.leaves(st.value)]
 
     def param_leaves(self):
-        return [leaf for st in self.param_states.values() for leaf in jax.tree.leaves(st.value)]
+        return [leaf for st in self._states(brainstate.ParamState, self.param_keys)
+                for leaf in jax.tree.leaves(st.value)]
 
     def write_hidden(self, leaves) -> None:
         it = iter(leaves)
-        for st, tdef in zip(self.hidden_states, self.hidden_treedefs):
+        for st, tdef in zip(self._states(brainstate.HiddenState, self.hidden_keys),
+                            self.hidden_treedefs):
             st.value = jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
 
     def params_tree(self, leaves) -> dict:
         """Parameter-leaf list -> dict keyed like ``model.states(ParamState)``."""
         it = iter(leaves)
         return {key: jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
-                for key, tdef in zip(self.param_states, self.param_treedefs)}
+                for key, tdef in zip(self.param_keys, self.param_treedefs)}
 
     def evaluate(self, hidden, params, inputs):
         """Plain evaluation: ``(new hidden leaves, output leaves)``."""
@@ -168,8 +177,9 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
     x_specs = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in x_leaves]
     with jax.disable_jit():   # inline every jitted helper so ETP ops sit at top level
         closed = jax.make_jaxpr(lambda a, b: step(a, b))(specs, x_specs)
-    return TracedStep(closed, hidden_states, dict(param_map), hidden_names, param_names,
-                      hidden_treedefs, param_treedefs, out_tree_box[-1], len(x_leaves))
+    return TracedStep(closed, model, list(hidden_map.keys()), list(param_map.keys()),
+                      hidden_names, param_names, hidden_treedefs, param_treedefs,
+                      out_tree_box[-1], len(x_leaves))
 
 
 def _bind(eqn, invals) -> list:
@@ -249,8 +259,10 @@ class _Reach:
 
 
 def _propagate(jaxpr, etp_eqns: set, source_vars: dict, final_of: dict, out_vars: set,
-               cut_etp: bool = True) -> _Reach:
-    """Follow the positions of ``source_vars`` forward through ``jaxpr``."""
+               stop_at_finals: bool = False) -> _Reach:
+    """Follow the positions of ``source_vars`` forward through ``jaxpr``, cutting at
+    ETP ops (recording whose input or weights are reached) and, optionally, at the
+    new hidden values (the paths beyond them belong to the learning signal)."""
     index = dict(source_vars)
     reach = _Reach({}, False, set(), set(), None)
 
@@ -260,7 +272,7 @@ def _propagate(jaxpr, etp_eqns: set, source_vars: dict, final_of: dict, out_vars
                     if not isinstance(v, jex_core.Literal) and v in index}
             if not deps:
                 continue
-            if eqns is jaxpr.eqns and i in etp_eqns and cut_etp:
+            if eqns is jaxpr.eqns and i in etp_eqns:
                 prim = eqn.primitive
                 slots = prim.trainable_invars(eqn.params)
                 if prim.x_invar_index in deps:
@@ -281,23 +293,30 @@ def _propagate(jaxpr, etp_eqns: set, source_vars: dict, final_of: dict, out_vars
                 reach.mixing = reach.mixing or str(err)
                 outs = [_MIXED] * len(eqn.outvars)
             for v, idx in zip(eqn.outvars, outs):
-                if idx is not None:
-                    index[v] = idx
+                if idx is None:
+                    continue
+                if v in final_of:
+                    reach.finals[final_of[v]] = idx
+                    if stop_at_finals:
+                        continue
+                index[v] = idx
 
     visit(jaxpr.eqns, index)
-    for v, leaf in final_of.items():
-        if v in index:
-            reach.finals[leaf] = index[v]
     reach.outputs = any(v in index for v in out_vars)
     return reach
 
 
 @dataclasses.dataclass
 class Group:
-    """Hidden leaves that evolve together, element by element (``n = len(leaves)``)."""
+    """Hidden leaves that evolve together, element by element (``n = len(leaves)``).
+
+    ``chained``: some new value of the group is computed from another new value
+    of the group within the step (e.g. an adaptation driven by the new spike).
+    """
     leaves: list[int]
     shape: tuple
     names: list[str]
+    chained: bool = False
 
     @property
     def n(self) -> int:
@@ -347,7 +366,7 @@ class StepGraph:
 
     # ---------------------------------------------------------------- evaluation
     def run(self, hidden, params, inputs, *, weights=None, eps=None, delta=None,
-            cut_etp=False, record=False):
+            cut_etp=None, record=False):
         """Evaluate the step with hooks.
 
         Args:
@@ -357,11 +376,13 @@ class StepGraph:
           eps: per-hidden-leaf perturbation added to each new hidden value
             where it is produced, so later uses in the step see it.
           delta: ``{op_index: perturbation}`` added to ETP op outputs.
-          cut_etp: stop gradients through ETP op outputs.
-          record: also return ``{op_index: x}``, the ops' inputs.
+          cut_etp: ``{op_index: y}``, the ETP op outputs of this step: they
+            replace the ops (no recomputation), which cuts every path
+            through them.
+          record: also return ``{op_index: x}`` and ``{op_index: y}``.
 
         Returns:
-          ``(new_hidden, outputs)`` or ``(new_hidden, outputs, xs)``.
+          ``(new_hidden, outputs)`` or ``(new_hidden, outputs, xs, ys)``.
         """
         closed = self.step.closed_jaxpr
         jaxpr = closed.jaxpr
@@ -372,7 +393,7 @@ class StepGraph:
         for v, val in zip(jaxpr.invars, [*hidden, *params, *inputs]):
             env[v] = val
         op_at = {op.eqn: k for k, op in enumerate(self.ops)}
-        xs = {}
+        xs, ys = {}, {}
         for i, eqn in enumerate(jaxpr.eqns):
             invals = [read(v) for v in eqn.invars]
             k = op_at.get(i)
@@ -383,9 +404,12 @@ class StepGraph:
                         invals[slot] = weights[k][name]
                 if record:
                     xs[k] = invals[op.primitive.x_invar_index]
-                outs = [eqn.primitive.bind(*invals, **eqn.params)]
-                if cut_etp:
-                    outs = [lax.stop_gradient(outs[0])]
+                if cut_etp is not None:
+                    outs = [lax.stop_gradient(cut_etp[k])]
+                else:
+                    outs = [eqn.primitive.bind(*invals, **eqn.params)]
+                if record:
+                    ys[k] = outs[0]
                 if delta is not None and k in delta:
                     outs = [outs[0] + delta[k]]
             else:
@@ -396,7 +420,7 @@ class StepGraph:
                 env[v] = val
         flat = [read(v) for v in jaxpr.outvars]
         n = self.step.n_hidden
-        return (flat[:n], flat[n:], xs) if record else (flat[:n], flat[n:])
+        return (flat[:n], flat[n:], xs, ys) if record else (flat[:n], flat[n:])
 
     def weights(self, params):
         """``{op_index: {slot: value}}``: the ETP weight operands as functions of params."""
@@ -509,7 +533,9 @@ def analyse(step: TracedStep) -> StepGraph:
                              f'group must share a shape.')
         for l in leaves:
             group_of_leaf[l] = len(groups)
-        groups.append(Group(leaves, shapes.pop(), [step.hidden_names[l] for l in leaves]))
+        finals = {v for v, l in final_of.items() if l in leaves}
+        chained = any(_var_depends_on(jaxpr, v, finals - {v}) for v in finals)
+        groups.append(Group(leaves, shapes.pop(), [step.hidden_names[l] for l in leaves], chained))
 
     # -- ETP ops
     ops = []
@@ -533,7 +559,7 @@ def analyse(step: TracedStep) -> StepGraph:
         y_var = eqn.outvars[0]
         size = int(np.prod(y_var.aval.shape))
         reach = _propagate(jaxpr, etp_eqns, {y_var: np.arange(size).reshape(y_var.aval.shape)},
-                           final_of, out_vars)
+                           final_of, out_vars, stop_at_finals=True)
         if reach.etp_weights:
             raise ValueError(f'the output of {label} feeds the trainable operand of another '
                              f'ETP op; that is not supported.')

@@ -9,8 +9,11 @@ with JAX transformations of the traced step and no hand-written Jacobians:
 * ``Df^t`` — ``dh^t/dy^t`` per op, in the op's output layout (reverse-mode,
   one VJP per state variable, paths through ETP ops cut);
 * ``g^t``  — ``dL^t/dh^t``: the loss of step ``t`` differentiated with respect
-  to a perturbation of each new hidden value where it is produced, so every
-  later use within the step (spikes, next layers, readout) counts;
+  to a perturbation ``eps`` of each new hidden value where it is produced, so
+  every later use within the step (spikes, next layers, readout) counts. When
+  a group computes one new value from another within the step (``Q = dh^t /
+  d eps`` is not the identity), that path belongs to the transition, not to
+  the loss: ``g = Q^{-T} dL/d eps``, per element;
 * ``gamma^t`` — ``dL^t/dy^t`` for readouts and ops with a bypass path, and
   the instantaneous gradient of parameters used outside ETP weight slots;
 
@@ -72,16 +75,16 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
         p = list(params)
         for k, v in zip(direct, direct_values):
             p[k] = v
-        new_h, out, xs = graph.run(hidden, p, inputs, weights=weights, eps=eps,
-                                   delta=dict(zip(gamma_ops, deltas)), record=True)
+        new_h, out, xs, ys = graph.run(hidden, p, inputs, weights=weights, eps=eps,
+                                       delta=dict(zip(gamma_ops, deltas)), record=True)
         loss = loss_fn(jax.tree.unflatten(out_tree, out), target)
         if jnp.shape(loss) != ():
             raise ValueError(f'loss_fn must return a scalar, got shape {jnp.shape(loss)}.')
-        return loss, (new_h, out, xs)
+        return loss, (new_h, out, xs, ys)
 
     eps0 = [jnp.zeros_like(h) for h in hidden]
     deltas0 = [jnp.zeros(ops[k].y_aval.shape, ops[k].y_aval.dtype) for k in gamma_ops]
-    loss, vjp, (new_h, out, xs) = jax.vjp(forward, eps0, deltas0, [params[k] for k in direct],
+    loss, vjp, (new_h, out, xs, ys) = jax.vjp(forward, eps0, deltas0, [params[k] for k in direct],
                                           has_aux=True)
     g_leaves, gammas, direct_grads = vjp(jnp.ones_like(loss))
     g = [jnp.stack([g_leaves[l] for l in grp.leaves], axis=-1) for grp in graph.groups]
@@ -89,17 +92,23 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
     D, Df = [], {}
     grouped = [k for k, op in enumerate(ops) if op.group is not None]
     if need_d and graph.groups:
-        def cut_step(h_prev, deltas):
-            new, _ = graph.run(h_prev, params, inputs, weights=weights, cut_etp=True,
+        def cut_step(h_prev, deltas, eps=None):
+            new, _ = graph.run(h_prev, params, inputs, weights=weights, cut_etp=ys, eps=eps,
                                delta=dict(zip(grouped, deltas)))
             return new
 
         deltas_g = [jnp.zeros(ops[k].y_aval.shape, ops[k].y_aval.dtype) for k in grouped]
         n_max = max(grp.n for grp in graph.groups)
+        per_group = lambda cols, grp: jnp.stack(
+            [jnp.stack([cols[c][l] for c in range(grp.n)], axis=-1) for l in grp.leaves], axis=-2)
         columns = [jax.jvp(lambda h: cut_step(h, deltas_g), (hidden,),
                            (_basis(graph, hidden, c),))[1] for c in range(n_max)]
-        D = [jnp.stack([jnp.stack([columns[c][l] for c in range(grp.n)], axis=-1)
-                        for l in grp.leaves], axis=-2) for grp in graph.groups]
+        D = [per_group(columns, grp) for grp in graph.groups]
+        if any(grp.chained for grp in graph.groups):
+            q_cols = [jax.jvp(lambda e: cut_step(hidden, deltas_g, e), (eps0,),
+                              (_basis(graph, hidden, c),))[1] for c in range(n_max)]
+            g = [jnp.linalg.solve(jnp.swapaxes(per_group(q_cols, grp), -1, -2), gg[..., None])[..., 0]
+                 if grp.chained else gg for grp, gg in zip(graph.groups, g)]
         if grouped:
             _, vjp_cut = jax.vjp(lambda d: cut_step(hidden, d), deltas_g)
             rows = [vjp_cut(_basis(graph, hidden, m))[0] for m in range(n_max)]

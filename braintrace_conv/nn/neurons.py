@@ -137,7 +137,11 @@ class Neuron(brainstate.nn.Module):
             f'the input x of {type(self).__name__} is a voltage increment and must have the '
             f'unit of V ({u.get_unit(ref)})')
         shape = jnp.shape(ref)
-        if jnp.broadcast_shapes(jnp.shape(x), shape) != shape:
+        try:
+            fits = np.broadcast_shapes(jnp.shape(x), shape) == shape
+        except ValueError:
+            fits = False
+        if not fits:
             raise ValueError(f'the input x of {type(self).__name__} has shape {jnp.shape(x)}, '
                              f'which does not broadcast to the state shape {shape}.')
 
