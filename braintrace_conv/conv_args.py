@@ -144,10 +144,15 @@ def conv_params(x_shape: Sequence[int], kernel_shape: Sequence[int], *, strides,
         precision = lax.Precision(precision)
     elif isinstance(precision, list):
         precision = tuple(precision)
+    lhs_dilation = _int_tuple('lhs_dilation', lhs_dilation, n_spatial, 1)
+    padding = _padding(padding, n_spatial)
+    if isinstance(padding, str) and any(d > 1 for d in lhs_dilation):
+        raise ValueError(f'padding {padding!r} is not defined together with lhs_dilation '
+                         f'{lhs_dilation}; give explicit (low, high) pairs instead.')
     return dict(
         strides=_int_tuple('strides', strides, n_spatial, None),
-        padding=_padding(padding, n_spatial),
-        lhs_dilation=_int_tuple('lhs_dilation', lhs_dilation, n_spatial, 1),
+        padding=padding,
+        lhs_dilation=lhs_dilation,
         rhs_dilation=_int_tuple('rhs_dilation', rhs_dilation, n_spatial, 1),
         feature_group_count=fgc,
         batch_group_count=bgc,
