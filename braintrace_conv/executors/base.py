@@ -127,9 +127,8 @@ class Learner(abc.ABC):
             brainstate.nn.init_all_states(self.model, batch)
         graph = self._graph(xs)
         hidden = graph_step(graph).hidden_leaves()
-        result = self._call(graph, loss_fn, hidden, self._init_state(graph, hidden), xs, targets,
-                            return_outputs)
-        return result
+        return self._call(graph, loss_fn, hidden, self._init_state(graph, hidden), xs, targets,
+                          return_outputs)
 
     def reset(self, batch_size: int) -> None:
         """Start a new online run: fresh hidden states and zero traces."""
@@ -164,6 +163,18 @@ class Learner(abc.ABC):
         step.write_hidden(hidden)
         return outs
 
+    def lower(self, loss_fn: Callable, xs, targets):
+        """The whole-sequence computation of :meth:`value_and_grad` (with reset), lowered
+        but not run: ``learner.lower(...).compile().memory_analysis()`` gives XLA's
+        memory figures."""
+        _, batch = _check_sequences(xs, targets)
+        brainstate.nn.init_all_states(self.model, batch)
+        graph = self._graph(xs)
+        step = graph_step(graph)
+        hidden = step.hidden_leaves()
+        return self._jitted(graph, loss_fn, False).lower(
+            step.param_leaves(), hidden, self._init_state(graph, hidden), xs, targets)
+
     def report(self) -> Report:
         """How each parameter's gradient is computed and the trace memory, for the
         shapes of the last call (raises if the learner was never called)."""
@@ -182,14 +193,17 @@ class Learner(abc.ABC):
         self._last = self._graphs[key]
         return self._last
 
-    def _call(self, graph, loss_fn, hidden, state, xs, targets, return_outputs):
-        step = graph_step(graph)
+    def _jitted(self, graph, loss_fn, return_outputs):
         key = (id(graph), loss_fn, return_outputs)
         if key not in self._compiled:
             self._compiled[key] = jax.jit(
                 lambda p, h, s, xs, ts: self._sequence(graph, loss_fn, p, h, s, xs, ts,
                                                        return_outputs))
-        loss, grads, hidden, state, outs = self._compiled[key](
+        return self._compiled[key]
+
+    def _call(self, graph, loss_fn, hidden, state, xs, targets, return_outputs):
+        step = graph_step(graph)
+        loss, grads, hidden, state, outs = self._jitted(graph, loss_fn, return_outputs)(
             step.param_leaves(), hidden, state, xs, targets)
         step.write_hidden(hidden)
         self._carry = (hidden, state)
@@ -265,7 +279,8 @@ class OnlineLearner(Learner):
             cot = cot - jnp.sum(g * df, axis=-1)
         return op.primitive.rule('xy_to_dw')(sig.xs[k], cot, weights[k], **op.params)
 
-    def _method_rows(self, graph: StepGraph, trace_method: str, op_bytes: dict) -> Report:
+    def _method_rows(self, graph: StepGraph, trace_method: str, slot_bytes: dict) -> Report:
+        """Report rows; ``slot_bytes[op][slot]`` is the trace memory held for that operand."""
         step = graph.step
         methods = {p: [] for p in range(step.n_params)}
         bytes_of = {p: 0 for p in range(step.n_params)}
@@ -278,7 +293,9 @@ class OnlineLearner(Learner):
                 m = 'approximate (instantaneous only: output reaches hidden states via other ops)'
             for p in op.param_leaves:
                 methods[p].append(f'{m} via {op.primitive.name} #{k}')
-                bytes_of[p] += op_bytes.get(k, 0) // max(len(op.param_leaves), 1)
+            for slot, leaves in op.slot_params.items():
+                for p in leaves:
+                    bytes_of[p] += slot_bytes.get(k, {}).get(slot, 0) // len(leaves)
         for p, kind in graph.direct_params.items():
             methods[p].append('exact (instantaneous: used only on the path to the output)'
                               if kind == 'output' else

@@ -65,10 +65,7 @@ class D_RTRL(OnlineLearner):
         return new, dw
 
     def _report(self, graph) -> Report:
-        traces = self._init_state_shapes(graph)
-        return self._method_rows(graph, 'exact trace (D-RTRL)', traces)
-
-    def _init_state_shapes(self, graph):
         shapes = jax.eval_shape(lambda: self._init_state(graph, None))
-        return {k: sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(t))
-                for k, t in shapes.items()}
+        slot_bytes = {k: {slot: math.prod(a.shape) * a.dtype.itemsize for slot, a in t.items()}
+                      for k, t in shapes.items()}
+        return self._method_rows(graph, 'exact trace (D-RTRL)', slot_bytes)

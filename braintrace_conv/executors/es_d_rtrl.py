@@ -54,8 +54,9 @@ class ES_D_RTRL(OnlineLearner):
 
     @staticmethod
     def _input_slots(graph):
-        """Op index -> index of its input trace; ops reading the same value share one."""
-        keys, slots = [], {}
+        """``(slots, readers)``: op index -> index of its input trace (ops reading the same
+        value share one), and for each input trace the first op that reads it."""
+        keys, slots, readers = [], {}, []
         jaxpr = graph.step.closed_jaxpr.jaxpr
         for k, op in enumerate(graph.ops):
             if op.group is None:
@@ -64,12 +65,13 @@ class ES_D_RTRL(OnlineLearner):
             key = var if not isinstance(var, jex_core.Literal) else ('literal', k)
             if key not in keys:
                 keys.append(key)
+                readers.append(k)
             slots[k] = keys.index(key)
-        return slots, len(keys)
+        return slots, readers
 
     def _init_state(self, graph, hidden):
-        slots, n_inputs = self._input_slots(graph)
-        x_traces = [None] * n_inputs
+        slots, readers = self._input_slots(graph)
+        x_traces = [None] * len(readers)
         out_traces = {}
         for k, slot in slots.items():
             op = graph.ops[k]
@@ -79,13 +81,10 @@ class ES_D_RTRL(OnlineLearner):
         return dict(x=x_traces, f=out_traces, norm=jnp.zeros((), jnp.result_type(float)))
 
     def _update(self, graph, state, sig, weights):
-        slots, _ = self._input_slots(graph)
+        slots, readers = self._input_slots(graph)
         alpha = self.decay
         norm = alpha * state['norm'] + 1.0
-        x_traces = list(state['x'])
-        for k, slot in slots.items():   # one update per distinct input
-            if x_traces[slot] is state['x'][slot]:
-                x_traces[slot] = alpha * state['x'][slot] + sig.xs[k]
+        x_traces = [alpha * trace + sig.xs[k] for trace, k in zip(state['x'], readers)]
         out_traces, dw = {}, {}
         for k, op in enumerate(graph.ops):
             if op.group is None:
@@ -106,7 +105,8 @@ class ES_D_RTRL(OnlineLearner):
         slots, _ = self._input_slots(graph)
         nbytes = lambda a: math.prod(a.shape) * a.dtype.itemsize
         sharing = {s: sum(1 for v in slots.values() if v == s) for s in set(slots.values())}
-        per_op = {k: nbytes(shapes['f'][k]) + nbytes(shapes['x'][s]) // sharing[s]
-                  for k, s in slots.items()}
+        # the output trace serves kernel and bias; it is counted with the kernel
+        slot_bytes = {k: {'weight': nbytes(shapes['f'][k]) + nbytes(shapes['x'][s]) // sharing[s]}
+                      for k, s in slots.items()}
         return self._method_rows(graph, f'approximate trace (ES-D-RTRL, decay {self.decay})',
-                                 per_op)
+                                 slot_bytes)

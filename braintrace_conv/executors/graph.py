@@ -336,7 +336,7 @@ class EtpOp:
       bypass: its output also reaches the step output or another op's input
         without passing through a hidden state.
       exact_readout: a readout whose output reaches no hidden state at all.
-      params: parameter leaves its trainable operands are computed from.
+      param_leaves: parameter leaves its trainable operands are computed from.
     """
     eqn: int
     primitive: ETPPrimitive
@@ -350,6 +350,7 @@ class EtpOp:
     bypass: bool
     exact_readout: bool
     param_leaves: list[int]
+    slot_params: dict        # trainable operand name -> parameter leaves it is computed from
     label: str
 
 
@@ -544,7 +545,7 @@ def analyse(step: TracedStep) -> StepGraph:
         eqn = jaxpr.eqns[i]
         prim = eqn.primitive
         slots = prim.trainable_invars(eqn.params)
-        p_leaves = set()
+        p_leaves, slot_params = set(), {}
         for name, slot in slots.items():
             v = eqn.invars[slot]
             d = deps.get(v, frozenset()) if not isinstance(v, jex_core.Literal) else frozenset()
@@ -552,7 +553,8 @@ def analyse(step: TracedStep) -> StepGraph:
                 raise ValueError(f'the {name!r} operand of {prim.name} #{len(ops)} depends on '
                                  f'hidden states or inputs; trainable operands of ETP ops must '
                                  f'be computed from parameters only.')
-            p_leaves |= {k for _, k in d}
+            slot_params[name] = sorted(k for _, k in d)
+            p_leaves |= set(slot_params[name])
         x_var = eqn.invars[prim.x_invar_index]
         weight_param_leaves |= p_leaves
         label = f'{prim.name} #{len(ops)} ({describe_params(p_leaves)})'
@@ -591,7 +593,8 @@ def analyse(step: TracedStep) -> StepGraph:
             weight_avals={name: eqn.invars[slot].aval for name, slot in slots.items()},
             y_aval=y_var.aval, x_aval=getattr(x_var, 'aval', None), group=group, h_to_y=h_to_y,
             bypass=group is not None and (reach.outputs or bool(reach.etp_inputs)),
-            exact_readout=group is None and not full, param_leaves=sorted(p_leaves), label=label))
+            exact_readout=group is None and not full, param_leaves=sorted(p_leaves),
+            slot_params=slot_params, label=label))
 
     # -- parameters used outside ETP weight slots
     direct_params = {}
