@@ -5,10 +5,18 @@ carry the rules an online learner needs; the executors :class:`D_RTRL`,
 :class:`ES_D_RTRL` and :class:`BPTT` compute gradients of any ``brainstate``
 model built on them.
 """
-from .primitive import ETPPrimitive, register_primitive
-from .conv import conv, etp_conv_p
-from .dense import dense, etp_dense_p
-from .executors import BPTT, D_RTRL, ES_D_RTRL, register_elementwise
+import jax as _jax
+
+_X64 = _jax.config.jax_enable_x64
+import brainstate as _brainstate  # noqa: E402  (importing it resets jax_enable_x64)
+
+if _X64 and not _jax.config.jax_enable_x64:   # keep the user's float64 setting
+    _brainstate.environ.set(precision=64)
+
+from .primitive import ETPPrimitive, register_primitive  # noqa: E402
+from .conv import conv, etp_conv_p  # noqa: E402
+from .dense import dense, etp_dense_p  # noqa: E402
+from .executors import BPTT, D_RTRL, ES_D_RTRL, register_elementwise  # noqa: E402
 
 __all__ = ['ETPPrimitive', 'register_primitive', 'conv', 'etp_conv_p', 'dense', 'etp_dense_p',
            'BPTT', 'D_RTRL', 'ES_D_RTRL', 'register_elementwise']

@@ -15,11 +15,13 @@ Exact D-RTRL therefore keeps the kernel trace **position-resolved** (DESIGN.md
 section 2); it is stored in a canonical layout, independent of the user's
 ``dimension_numbers``::
 
-    kernel trace: (N, G, K/G, *S_out, P, n)    P = I_kernel * prod(kernel spatial)
+    kernel trace: (G, K/G, N, *S_out, n, P)    P = I_kernel * prod(kernel spatial)
     bias trace:   (*y.shape, n)                 output layout, summed only on contraction
 
 with ``G = feature_group_count * batch_group_count``. ``P`` is ordered
-channel-major, like the ``(I, *spatial)`` part of an ``OI...`` kernel.
+channel-major, like the ``(I, *spatial)`` part of an ``OI...`` kernel. Output
+channels lead and ``(N, *S_out, n)`` are contiguous, so the contraction with the
+learning signal is a batched matrix-vector product over the trace in place.
 """
 from __future__ import annotations
 
@@ -74,12 +76,13 @@ def _groups(p) -> int:
 
 
 def _out_to_canonical(a, p, n_extra: int):
-    """Output-layout array with ``n_extra`` trailing axes -> ``(N, G, K/G, *S, *extra)``."""
+    """Output-layout array with ``n_extra`` trailing axes -> ``(G, K/G, N, *S, *extra)``."""
     rank = a.ndim - n_extra
-    perm = tuple(p['dimension_numbers'].out_spec) + tuple(range(rank, a.ndim))
+    out_spec = p['dimension_numbers'].out_spec
+    perm = (out_spec[1], out_spec[0], *out_spec[2:], *range(rank, a.ndim))
     a = jnp.transpose(a, perm)
     g = _groups(p)
-    return a.reshape(a.shape[0], g, a.shape[1] // g, *a.shape[2:])
+    return a.reshape(g, a.shape[0] // g, *a.shape[1:])
 
 
 def _kernel_spatial(kernel_shape, p):
@@ -87,11 +90,11 @@ def _kernel_spatial(kernel_shape, p):
 
 
 def _patches(x, kernel_shape, p):
-    """Receptive-field patches ``(N_out, G, *S_out, P)`` of ``x`` (P channel-major)."""
+    """Receptive-field patches ``(G, N_out, *S_out, P)`` of ``x`` (P channel-major)."""
     dn = p['dimension_numbers']
     x_c = jnp.transpose(x, dn.lhs_spec)                       # (N_in, C, *S_in)
     if x.ndim == 2:   # no spatial dimensions (a dense layer): the patch is the input
-        return x_c[:, None, :]
+        return x_c[None]
     patches = lax.conv_general_dilated_patches(
         x_c, _kernel_spatial(kernel_shape, p), p['strides'], p['padding'],
         lhs_dilation=p['lhs_dilation'], rhs_dilation=p['rhs_dilation'],
@@ -99,9 +102,9 @@ def _patches(x, kernel_shape, p):
     n_in, feat, *spatial = patches.shape                      # feat = C * prod(U)
     fgc, bgc = p['feature_group_count'], p['batch_group_count']
     if bgc > 1:   # output channel group g reads input batch block g
-        patches = patches.reshape(bgc, n_in // bgc, feat, *spatial).swapaxes(0, 1)
+        patches = patches.reshape(bgc, n_in // bgc, feat, *spatial)
     else:         # output channel group g reads input channel block g
-        patches = patches.reshape(n_in, fgc, feat // fgc, *spatial)
+        patches = patches.reshape(n_in, fgc, feat // fgc, *spatial).swapaxes(0, 1)
     return jnp.moveaxis(patches, 2, -1)
 
 
@@ -110,7 +113,7 @@ def _trace_shape(y_shape, kernel_shape, p, n_state):
     g = _groups(p)
     k_in = kernel_shape[p['dimension_numbers'].rhs_spec[1]]
     taps = k_in * math.prod(_kernel_spatial(kernel_shape, p))
-    return (y_c[0], g, y_c[1] // g, *y_c[2:], taps, n_state)
+    return (g, y_c[1] // g, y_c[0], *y_c[2:], n_state, taps)
 
 
 def _kernel_from_canonical(dk, kernel_shape, p):
@@ -129,8 +132,13 @@ def _spatial_axes_of_out(p, y_ndim):
 # --------------------------------------------------------------------------- ETP rules
 def _yw_to_w(hidden_dim, trace, **p):
     """Apply ``D^t`` (``(*y.shape, n, n)``) to the trace, position by position."""
-    d_c = _out_to_canonical(hidden_dim, p, 2)                 # (N, G, K/G, *S, n, n)
-    out = {'weight': apply_state_jacobian(d_c, trace['weight'], n_between=1)}
+    d_c = _out_to_canonical(hidden_dim, p, 2)                 # (G, K/G, N, *S, n, n)
+    e = trace['weight']                                       # (G, K/G, N, *S, n, P)
+    if d_c.shape[-1] == 1:
+        decayed = d_c * e
+    else:
+        decayed = jnp.sum(d_c[..., None] * e[..., None, :, :], axis=-2)
+    out = {'weight': decayed}
     if 'bias' in trace:
         out['bias'] = apply_state_jacobian(hidden_dim, trace['bias'])
     return out
@@ -138,9 +146,9 @@ def _yw_to_w(hidden_dim, trace, **p):
 
 def _xdf_to_trace(x, hidden_dim, weights, **p):
     """Instantaneous term ``Df^t[b,s,k,:] * P[b,s,k,u,c]`` for ``hidden_dim = Df^t``."""
-    df_c = _out_to_canonical(hidden_dim, p, 1)                # (N, G, K/G, *S, n)
-    patches = _patches(x, weights['weight'].shape, p)         # (N, G, *S, P)
-    out = {'weight': df_c[..., None, :] * patches[:, :, None, ..., None].astype(df_c.dtype)}
+    df_c = _out_to_canonical(hidden_dim, p, 1)                # (G, K/G, N, *S, n)
+    patches = _patches(x, weights['weight'].shape, p)         # (G, N, *S, P)
+    out = {'weight': df_c[..., None] * patches[:, None, ..., None, :].astype(df_c.dtype)}
     if p['has_bias']:
         out['bias'] = hidden_dim
     return out
@@ -148,12 +156,11 @@ def _xdf_to_trace(x, hidden_dim, weights, **p):
 
 def _trace_to_dw(trace, hidden_dim, weights, **p):
     """``dK[u,c,k] = sum_{b,s,n} g[b,s,k,n] E[b,s,k,u,c,n]``; bias likewise."""
-    g_c = _out_to_canonical(hidden_dim, p, 1)                 # (N, G, K/G, *S, n)
+    g_c = _out_to_canonical(hidden_dim, p, 1)                 # (G, K/G, N, *S, n)
     e = trace['weight']
-    n, groups, per_group = e.shape[:3]
-    e = e.reshape(n, groups, per_group, -1, e.shape[-2], e.shape[-1])
-    g_c = g_c.reshape(n, groups, per_group, -1, g_c.shape[-1])
-    dk = jnp.einsum('ngospk,ngosk->gop', e, g_c)
+    groups, per_group, taps = e.shape[0], e.shape[1], e.shape[-1]
+    dk = jnp.einsum('gom,gomp->gop', g_c.reshape(groups, per_group, -1),
+                    e.reshape(groups, per_group, -1, taps))
     out = {'weight': _kernel_from_canonical(dk, weights['weight'].shape, p)}
     if p['has_bias']:
         axes = _spatial_axes_of_out(p, hidden_dim.ndim - 1) + (hidden_dim.ndim - 1,)

@@ -1,0 +1,17 @@
+"""Package-level behaviour."""
+import subprocess
+import sys
+
+
+def test_import_keeps_the_users_float64_setting():
+    code = ('import jax; jax.config.update("jax_enable_x64", True); import braintrace_conv, '
+            'brainstate; import jax.numpy as jnp; assert jax.config.jax_enable_x64; '
+            'assert brainstate.ParamState(jnp.ones(2)).value.dtype == jnp.float64')
+    subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def test_public_surface():
+    import braintrace_conv as bc
+    for name in ('conv', 'dense', 'register_primitive', 'ETPPrimitive', 'BPTT', 'D_RTRL',
+                 'ES_D_RTRL'):
+        assert name in bc.__all__ and getattr(bc, name).__doc__
