@@ -94,7 +94,6 @@ class Learner(abc.ABC):
     """Base of the three executors (see module docstring)."""
 
     algorithm = 'learner'
-    needs_graph = True   # the online executors analyse the step; BPTT only traces it
 
     def __init__(self, model: brainstate.nn.Module):
         if not isinstance(model, brainstate.nn.Module):
@@ -188,10 +187,13 @@ class Learner(abc.ABC):
         x0 = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), xs)
         key = _signature(x0, self.model)
         if key not in self._graphs:
-            step = trace_step(self.model, x0)
-            self._graphs[key] = analyse(step) if self.needs_graph else step
+            self._graphs[key] = self._prepare(trace_step(self.model, x0))
         self._last = self._graphs[key]
         return self._last
+
+    def _prepare(self, step: TracedStep):
+        """What the algorithm needs from a traced step (BPTT: the step itself)."""
+        return step
 
     def _jitted(self, graph, loss_fn, return_outputs):
         key = (id(graph), loss_fn, return_outputs)
@@ -230,6 +232,17 @@ class OnlineLearner(Learner):
     """Shared scan of D-RTRL and ES-D-RTRL: per step, :func:`step_signals` and
     the algorithm's trace update ``_update``; gradients are accumulated in the
     carry, so memory does not depend on ``T``."""
+
+    required_rules: tuple = ()   # ETP rules every op must provide
+
+    def _prepare(self, step):
+        graph = analyse(step)
+        for op in graph.ops:
+            missing = op.primitive.missing_rules(self.required_rules)
+            if missing:
+                raise NotImplementedError(f'{op.label} lacks the ETP rules {missing} that '
+                                          f'{self.algorithm} needs.')
+        return graph
 
     def _sequence(self, graph, loss_fn, params, hidden, state, xs, targets, return_outputs):
         weights, pull_back = jax.vjp(graph.weights, params)

@@ -20,7 +20,6 @@ class BPTT(Learner):
     """Backpropagation through time over the traced step (see module docstring)."""
 
     algorithm = 'BPTT'
-    needs_graph = False
 
     def _sequence(self, step, loss_fn, params, hidden, state, xs, targets, return_outputs):
         def total(params):

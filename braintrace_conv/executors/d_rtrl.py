@@ -29,15 +29,7 @@ class D_RTRL(OnlineLearner):
     """Exact D-RTRL executor for a ``brainstate`` model (see module docstring)."""
 
     algorithm = 'D-RTRL'
-
-    def _graph(self, xs):
-        graph = super()._graph(xs)
-        for op in graph.ops:
-            missing = op.primitive.missing_rules(DRTRL_RULES)
-            if missing:
-                raise NotImplementedError(f'{op.label} lacks the ETP rules {missing} that '
-                                          f'D-RTRL needs.')
-        return graph
+    required_rules = DRTRL_RULES
 
     def _init_state(self, graph, hidden):
         traces = {}

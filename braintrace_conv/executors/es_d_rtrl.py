@@ -36,21 +36,13 @@ class ES_D_RTRL(OnlineLearner):
     """
 
     algorithm = 'ES-D-RTRL'
+    required_rules = ES_DRTRL_RULES
 
     def __init__(self, model, decay: float):
         super().__init__(model)
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
             raise ValueError(f'decay must be a number in (0, 1] (e.g. exp(-dt/tau)), got {decay!r}.')
         self.decay = float(decay)
-
-    def _graph(self, xs):
-        graph = super()._graph(xs)
-        for op in graph.ops:
-            missing = op.primitive.missing_rules(ES_DRTRL_RULES)
-            if missing:
-                raise NotImplementedError(f'{op.label} lacks the ETP rules {missing} that '
-                                          f'ES-D-RTRL needs.')
-        return graph
 
     @staticmethod
     def _input_slots(graph):
