@@ -18,12 +18,68 @@ import numpy as np
 __all__ = ["EventDataset"]
 
 
+# Argument validators shared by the modules of this package.
+
+
 def _check_positive_int(value, name: str) -> int:
+    """Return ``value`` as an int, requiring a positive integer."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
     return int(value)
+
+
+def _check_float(value, name: str) -> float:
+    """Return ``value`` as a float, requiring a finite real number."""
+    if isinstance(value, bool) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def _check_positive_float(value, name: str) -> float:
+    """Return ``value`` as a float, requiring a positive finite number."""
+    value = _check_float(value, name)
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def _check_nonnegative_float(value, name: str) -> float:
+    """Return ``value`` as a float, requiring a non-negative finite number."""
+    value = _check_float(value, name)
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    return value
+
+
+def _check_range(value, name: str) -> tuple[float, float]:
+    """Return a ``(low, high)`` pair of floats with ``0 < low <= high``."""
+    try:
+        low, high = value
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a (low, high) pair, got {value!r}") from None
+    low = _check_positive_float(low, f"{name}[0]")
+    high = _check_positive_float(high, f"{name}[1]")
+    if low > high:
+        raise ValueError(f"{name} must satisfy low <= high, got {value!r}")
+    return low, high
+
+
+def _check_size(size, name: str = "size") -> tuple[int, int]:
+    """Return a ``(height, width)`` pair of positive ints."""
+    try:
+        height, width = size
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a (height, width) pair, got {size!r}") from None
+    return (
+        _check_positive_int(height, f"{name}[0]"),
+        _check_positive_int(width, f"{name}[1]"),
+    )
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -187,12 +243,7 @@ class EventDataset:
             If ``test_fraction`` is outside ``(0, 1)`` or either part would
             be empty.
         """
-        if isinstance(test_fraction, bool) or not isinstance(
-            test_fraction, (int, float, np.integer, np.floating)
-        ):
-            raise TypeError(
-                f"test_fraction must be a float, got {type(test_fraction).__name__}"
-            )
+        test_fraction = _check_float(test_fraction, "test_fraction")
         if not 0.0 < test_fraction < 1.0:
             raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
         rng = np.random.default_rng(seed)

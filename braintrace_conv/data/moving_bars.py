@@ -15,16 +15,19 @@ Single frames do not reveal the label
 Every object is drawn bright-on-dark or dark-on-bright with probability 1/2,
 independently of its direction. Objects are rendered as binary masks, so each
 pixel only ever switches between two log-intensity levels, and the contrast
-between them exceeds the DVS threshold; the events of a step are therefore a
-function of the masks at its two ends only. Reversing time turns a bright
+between them is at least the DVS threshold, so every switch emits events and
+resets the pixel's reference; the events of a step are therefore a function
+of the masks at its two ends only. Reversing time turns a bright
 object moving in direction ``d`` into the same positions traversed in
 direction ``d + 4`` (mod 8), and swaps which transitions brighten a pixel --
 exactly what the dark-on-bright version does. Hence the dark object moving in
 direction ``d + 4`` produces *exactly* the frames of the bright object moving
 in direction ``d``, in reverse order (:meth:`MotionScenes.mirrored` builds
-that partner). Both partners are equally likely under the generator, so any
-single frame -- and even the time-summed event counts -- is equally
-consistent with two opposite labels; only the temporal order of the frames
+that partner). Both partners are equally likely under the generator
+(exactly so when ``n_samples`` is a multiple of 8, which balances the
+directions), so any single frame -- indeed any statistic that ignores the
+order of the frames, such as the time-summed event counts -- is equally
+consistent with two opposite labels. Only the temporal order of the frames
 identifies the direction.
 """
 
@@ -35,7 +38,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .dataset import EventDataset
+from .dataset import (
+    EventDataset,
+    _check_positive_float,
+    _check_positive_int,
+    _check_range,
+    _check_size,
+)
 
 __all__ = [
     "DIRECTION_NAMES",
@@ -72,43 +81,6 @@ def _direction_vectors() -> np.ndarray:
     s = np.sqrt(0.5)
     first_half = np.array([[0.0, 1.0], [-s, s], [-1.0, 0.0], [-s, -s]])
     return np.concatenate([first_half, -first_half])
-
-
-def _check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return int(value)
-
-
-def _check_positive_float(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not np.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value}")
-    return float(value)
-
-
-def _check_range(value, name: str) -> tuple[float, float]:
-    """Validate a ``(low, high)`` pair with ``0 < low <= high``."""
-    try:
-        low, high = value
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a (low, high) pair, got {value!r}") from None
-    low = _check_positive_float(low, f"{name}[0]")
-    high = _check_positive_float(high, f"{name}[1]")
-    if low > high:
-        raise ValueError(f"{name} must satisfy low <= high, got {value!r}")
-    return low, high
-
-
-def _check_size(size) -> tuple[int, int]:
-    try:
-        height, width = size
-    except (TypeError, ValueError):
-        raise TypeError(f"size must be a (height, width) pair, got {size!r}") from None
-    return _check_positive_int(height, "size[0]"), _check_positive_int(width, "size[1]")
 
 
 def dvs_events(log_intensity: np.ndarray, *, threshold: float, substeps: int) -> np.ndarray:
@@ -214,6 +186,33 @@ class MotionScenes:
     bar_width: np.ndarray
     dot_offsets: np.ndarray
     dot_radius: float
+
+    def __post_init__(self):
+        n = len(self.direction)
+        shapes = {
+            "direction": (n,),
+            "polarity": (n,),
+            "speed": (n,),
+            "center": (n, 2),
+            "is_bar": (n,),
+            "bar_length": (n,),
+            "bar_width": (n,),
+        }
+        for name, shape in shapes.items():
+            if np.shape(getattr(self, name)) != shape:
+                raise ValueError(
+                    f"{name} must have shape {shape}, got {np.shape(getattr(self, name))}"
+                )
+        offsets_shape = np.shape(self.dot_offsets)
+        if len(offsets_shape) != 3 or offsets_shape[0] != n or offsets_shape[2] != 2:
+            raise ValueError(
+                f"dot_offsets must have shape ({n}, n_dots, 2), got {offsets_shape}"
+            )
+        if not np.isin(self.direction, np.arange(8)).all():
+            raise ValueError("direction must hold integers in 0..7")
+        if not np.isin(self.polarity, (0, 1)).all():
+            raise ValueError("polarity must hold 0 or 1")
+        _check_positive_float(self.dot_radius, "dot_radius")
 
     def __len__(self) -> int:
         return len(self.direction)
@@ -321,6 +320,45 @@ def sample_scenes(
     )
 
 
+def _bar_masks(
+    rel_row: np.ndarray,
+    rel_col: np.ndarray,
+    unit: np.ndarray,
+    length: np.ndarray,
+    width: np.ndarray,
+) -> np.ndarray:
+    """Masks of bars lying across their motion direction.
+
+    ``rel_row`` ``(n, S + 1, H, 1)`` and ``rel_col`` ``(n, S + 1, 1, W)`` are
+    pixel centres relative to the bar centre, ``unit`` ``(n, 2)`` the motion
+    direction, ``length`` and ``width`` ``(n,)`` the bar extents across and
+    along the motion, all in pixels. Returns bool ``(n, S + 1, H, W)``.
+    """
+    u_row = unit[:, 0, None, None, None]
+    u_col = unit[:, 1, None, None, None]
+    along = rel_row * u_row + rel_col * u_col
+    across = rel_row * u_col - rel_col * u_row
+    return (np.abs(along) <= width[:, None, None, None] / 2) & (
+        np.abs(across) <= length[:, None, None, None] / 2
+    )
+
+
+def _dot_masks(
+    rel_row: np.ndarray, rel_col: np.ndarray, offsets: np.ndarray, radius: float
+) -> np.ndarray:
+    """Masks of unions of discs of ``radius`` pixels.
+
+    ``rel_row`` and ``rel_col`` are as in :func:`_bar_masks`; ``offsets``
+    ``(n, n_dots, 2)`` are the disc centres relative to the object centre,
+    pixels. Returns bool ``(n, S + 1, H, W)``.
+    """
+    mask = np.zeros(np.broadcast_shapes(rel_row.shape, rel_col.shape), dtype=bool)
+    for k in range(offsets.shape[1]):
+        offset = offsets[:, k, :, None, None, None]
+        mask |= (rel_row - offset[:, 0]) ** 2 + (rel_col - offset[:, 1]) ** 2 <= radius**2
+    return mask
+
+
 def _object_masks(
     scenes: MotionScenes, positions: np.ndarray, size: tuple[int, int]
 ) -> np.ndarray:
@@ -334,22 +372,19 @@ def _object_masks(
     # (N, S + 1, 1, W).
     rel_row = np.arange(height)[:, None] - positions[:, :, 0, None, None]
     rel_col = np.arange(width)[None, :] - positions[:, :, 1, None, None]
-
-    unit = _direction_vectors()[scenes.direction]
-    u_row = unit[:, 0, None, None, None]
-    u_col = unit[:, 1, None, None, None]
-    along = rel_row * u_row + rel_col * u_col
-    across = rel_row * u_col - rel_col * u_row
-    bar = (np.abs(along) <= scenes.bar_width[:, None, None, None] / 2) & (
-        np.abs(across) <= scenes.bar_length[:, None, None, None] / 2
+    masks = np.empty(positions.shape[:2] + (height, width), dtype=bool)
+    bar, dots = scenes.is_bar, ~scenes.is_bar
+    masks[bar] = _bar_masks(
+        rel_row[bar],
+        rel_col[bar],
+        _direction_vectors()[scenes.direction[bar]],
+        scenes.bar_length[bar],
+        scenes.bar_width[bar],
     )
-
-    dots = np.zeros_like(bar)
-    radius_sq = scenes.dot_radius**2
-    for k in range(scenes.dot_offsets.shape[1]):
-        offset = scenes.dot_offsets[:, k, :, None, None, None]
-        dots |= (rel_row - offset[:, 0]) ** 2 + (rel_col - offset[:, 1]) ** 2 <= radius_sq
-    return np.where(scenes.is_bar[:, None, None, None], bar, dots)
+    masks[dots] = _dot_masks(
+        rel_row[dots], rel_col[dots], scenes.dot_offsets[dots], scenes.dot_radius
+    )
+    return masks
 
 
 def render_scenes(
@@ -407,17 +442,19 @@ def render_scenes(
     # Time of every image in steps from mid-clip. The integer numerator makes
     # the time grid exactly antisymmetric, tau[S - s] == -tau[s].
     tau = (2.0 * np.arange(n_intervals + 1) - n_intervals) / (2.0 * substeps)
-    velocity = scenes.speed[:, None] * _direction_vectors()[scenes.direction]
-    log_levels = np.log(np.array([1.0, np.exp(contrast)]))
+    # Intensities 1 (dark) and exp(contrast) (bright), as log intensities.
+    log_dark, log_bright = 0.0, contrast
 
     chunk = max(1, _CHUNK_ELEMENTS // ((n_intervals + 1) * size[0] * size[1]))
     frames = []
     for start in range(0, len(scenes), chunk):
         part = _take(scenes, slice(start, start + chunk))
-        positions = part.center[:, None, :] + velocity[start : start + chunk, None, :] * tau[:, None]
-        masks = _object_masks(part, positions, size)
-        lit = masks != part.polarity.astype(bool)[:, None, None, None]
-        frames.append(dvs_events(log_levels[lit.astype(np.intp)], threshold=threshold, substeps=substeps))
+        velocity = part.speed[:, None] * _direction_vectors()[part.direction]
+        positions = part.center[:, None, :] + velocity[:, None, :] * tau[:, None]
+        covered = _object_masks(part, positions, size)
+        dark_object = part.polarity.astype(bool)[:, None, None, None]
+        log_intensity = np.where(covered != dark_object, log_bright, log_dark)
+        frames.append(dvs_events(log_intensity, threshold=threshold, substeps=substeps))
     return np.concatenate(frames)
 
 
