@@ -95,10 +95,13 @@ def _patches(x, kernel_shape, p):
     x_c = jnp.transpose(x, dn.lhs_spec)                       # (N_in, C, *S_in)
     if x.ndim == 2:   # no spatial dimensions (a dense layer): the patch is the input
         return x_c[None]
+    # Patches are copies of x, extracted by a convolution with a 0/1 kernel: run it at
+    # HIGHEST so backends that round float32 conv inputs by default (TF32, bfloat16
+    # passes) still copy x exactly.
     patches = lax.conv_general_dilated_patches(
         x_c, _kernel_spatial(kernel_shape, p), p['strides'], p['padding'],
         lhs_dilation=p['lhs_dilation'], rhs_dilation=p['rhs_dilation'],
-        precision=p['precision'], preferred_element_type=p['preferred_element_type'])
+        precision=lax.Precision.HIGHEST, preferred_element_type=p['preferred_element_type'])
     n_in, feat, *spatial = patches.shape                      # feat = C * prod(U)
     fgc, bgc = p['feature_group_count'], p['batch_group_count']
     if bgc > 1:   # output channel group g reads input batch block g

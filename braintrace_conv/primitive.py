@@ -126,8 +126,15 @@ def _abstract_eval(impl, *avals, **params):
 
 
 def _jvp_rule(prim, primals, tangents, **params):
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    _, tangent_out = jax.jvp(partial(prim.impl_fn, **params), tuple(primals), tuple(tangents))
+    # Differentiate only in the operands with non-zero tangents (no work on zeros).
+    active = [type(t) is not ad.Zero for t in tangents]
+
+    def of_active(*values):
+        it = iter(values)
+        return prim.impl_fn(*[next(it) if a else p for p, a in zip(primals, active)], **params)
+
+    _, tangent_out = jax.jvp(of_active, tuple(p for p, a in zip(primals, active) if a),
+                             tuple(t for t, a in zip(tangents, active) if a))
     return prim.bind(*primals, **params), tangent_out
 
 
