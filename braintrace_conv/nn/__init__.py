@@ -6,7 +6,7 @@ all recurrent states are :class:`brainstate.HiddenState` of the neurons.
 """
 from . import surrogate
 from .layers import (DEFAULT_W_INIT, AvgPool, AvgPool1d, AvgPool2d, AvgPool3d, Conv1d, Conv2d,
-                     Conv3d, Flatten, Linear)
+                     Conv3d, FanInNormal, Flatten, Linear)
 from .neurons import ALIF, DEFAULT_DT, LI, LIF, Neuron
 from .recurrent import DEFAULT_REC_W_INIT, RecurrentConvCell
 
@@ -14,6 +14,6 @@ __all__ = [
     'surrogate',
     'Neuron', 'LIF', 'ALIF', 'LI', 'DEFAULT_DT',
     'Conv1d', 'Conv2d', 'Conv3d', 'Linear', 'Flatten',
-    'AvgPool', 'AvgPool1d', 'AvgPool2d', 'AvgPool3d', 'DEFAULT_W_INIT',
+    'AvgPool', 'AvgPool1d', 'AvgPool2d', 'AvgPool3d', 'FanInNormal', 'DEFAULT_W_INIT',
     'RecurrentConvCell', 'DEFAULT_REC_W_INIT',
 ]

@@ -314,8 +314,11 @@ class ALIF(LIF):
 
     Parameters
     ----------
-    in_size, tau, V_th, V_reset, V_rest, spike_fn, reset, detach_reset, name
+    in_size, tau, V_th, V_reset, V_rest, spike_fn, reset, name
         As in :class:`LIF`.
+    detach_reset : bool, default False
+        If true, no gradient flows through the spike that drives the reset and
+        the adaptation increment.
     tau_a : float or Quantity, default 100.0
         Adaptation time constant (same kind as ``tau``: plain ms or time).
     beta : float or Quantity, optional
