@@ -31,13 +31,16 @@ ALGORITHMS = ('bptt', 'es-d-rtrl', 'd-rtrl')
 
 
 def _worker(algorithm: str, T: int, repeats: int, grad_file: str) -> dict:
+    import brainstate
     import jax
     import jax.numpy as jnp
 
     import braintrace_conv as bc
     from braintrace_conv.models import standard_benchmark_snn
 
-    model, decay = standard_benchmark_snn(seed=0)
+    brainstate.random.seed(0)
+    model = standard_benchmark_snn()
+    decay = model.membrane_decay()
     rng = np.random.default_rng(0)
     xs = jnp.asarray(rng.random((T, 8, 2, 32, 32)) < 0.1, jnp.float32)
     labels = jnp.asarray(rng.integers(0, 10, (T, 8)))

@@ -19,9 +19,11 @@ section 2); it is stored in a canonical layout, independent of the user's
     bias trace:   (*y.shape, n)                 output layout, summed only on contraction
 
 with ``G = feature_group_count * batch_group_count``. ``P`` is ordered
-channel-major, like the ``(I, *spatial)`` part of an ``OI...`` kernel. Output
-channels lead and ``(N, *S_out, n)`` are contiguous, so the contraction with the
-learning signal is a batched matrix-vector product over the trace in place.
+channel-major, like the ``(I, *spatial)`` part of an ``OI...`` kernel. The
+contraction with the learning signal is written as a reduction over
+``(N, *S_out, n)`` rather than a matrix product so that XLA fuses it with the
+elementwise trace update: the trace is then streamed through memory once per
+step instead of being re-read (or transposed) for a separate dot.
 """
 from __future__ import annotations
 
@@ -161,9 +163,7 @@ def _trace_to_dw(trace, hidden_dim, weights, **p):
     """``dK[u,c,k] = sum_{b,s,n} g[b,s,k,n] E[b,s,k,u,c,n]``; bias likewise."""
     g_c = _out_to_canonical(hidden_dim, p, 1)                 # (G, K/G, N, *S, n)
     e = trace['weight']
-    groups, per_group, taps = e.shape[0], e.shape[1], e.shape[-1]
-    dk = jnp.einsum('gom,gomp->gop', g_c.reshape(groups, per_group, -1),
-                    e.reshape(groups, per_group, -1, taps))
+    dk = jnp.sum(e * g_c[..., None], axis=tuple(range(2, e.ndim - 1)))
     out = {'weight': _kernel_from_canonical(dk, weights['weight'].shape, p)}
     if p['has_bias']:
         axes = _spatial_axes_of_out(p, hidden_dim.ndim - 1) + (hidden_dim.ndim - 1,)
