@@ -429,6 +429,7 @@ def test_report_describes_every_parameter():
         assert set(rows) == {'K1', 'b1', 'K2', 'b2', 'R2', 'W'}
         assert word in rows['K1']['method'] and rows['K1']['trace_bytes'] > 0
         assert 'instantaneous' in rows['W']['method']
+        assert rows['b1']['method'].startswith('exact trace')   # a bias never involves x
         assert 'K1' in str(report)
     d, es = bc.D_RTRL(model), bc.ES_D_RTRL(model, 0.9)
     d.value_and_grad(xent, xs, labels)

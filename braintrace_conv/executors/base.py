@@ -292,22 +292,22 @@ class OnlineLearner(Learner):
             cot = cot - jnp.sum(g * df, axis=-1)
         return op.primitive.rule('xy_to_dw')(sig.xs[k], cot, weights[k], **op.params)
 
-    def _method_rows(self, graph: StepGraph, trace_method: str, slot_bytes: dict) -> Report:
-        """Report rows; ``slot_bytes[op][slot]`` is the trace memory held for that operand."""
+    def _method_rows(self, graph: StepGraph, trace_method: Callable, slot_bytes: dict) -> Report:
+        """Report rows; ``trace_method(op, slot)`` describes a traced operand and
+        ``slot_bytes[op][slot]`` is the trace memory held for it."""
         step = graph.step
         methods = {p: [] for p in range(step.n_params)}
         bytes_of = {p: 0 for p in range(step.n_params)}
         for k, op in enumerate(graph.ops):
-            if op.group is not None:
-                m = trace_method
-            elif op.exact_readout:
-                m = 'exact (instantaneous: output reaches no hidden state)'
-            else:
-                m = 'approximate (instantaneous only: output reaches hidden states via other ops)'
-            for p in op.param_leaves:
-                methods[p].append(f'{m} via {op.primitive.name} #{k}')
             for slot, leaves in op.slot_params.items():
+                if op.group is not None:
+                    m = trace_method(k, slot)
+                elif op.exact_readout:
+                    m = 'exact (instantaneous: output reaches no hidden state)'
+                else:
+                    m = 'approximate (instantaneous only: output reaches hidden states via other ops)'
                 for p in leaves:
+                    methods[p].append(f'{m} via {op.primitive.name} #{k}')
                     bytes_of[p] += slot_bytes.get(k, {}).get(slot, 0) // len(leaves)
         for p, kind in graph.direct_params.items():
             methods[p].append('exact (instantaneous: used only on the path to the output)'

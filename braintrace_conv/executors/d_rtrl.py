@@ -65,4 +65,4 @@ class D_RTRL(OnlineLearner):
         shapes = jax.eval_shape(lambda: self._init_state(graph, None))
         slot_bytes = {k: {slot: math.prod(a.shape) * a.dtype.itemsize for slot, a in t.items()}
                       for k, t in shapes.items()}
-        return self._method_rows(graph, 'exact trace (D-RTRL)', slot_bytes)
+        return self._method_rows(graph, lambda k, slot: 'exact trace (D-RTRL)', slot_bytes)

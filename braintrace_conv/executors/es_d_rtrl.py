@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from jax.extend import core as jex_core
 
 from ..primitive import ES_DRTRL_RULES, apply_state_jacobian
-from .base import Learner, OnlineLearner, Report
+from .base import OnlineLearner, Report
+from .graph import depends_on
 
 __all__ = ['ES_D_RTRL']
 
@@ -97,8 +98,24 @@ class ES_D_RTRL(OnlineLearner):
         slots, _ = self._input_slots(graph)
         nbytes = lambda a: math.prod(a.shape) * a.dtype.itemsize
         sharing = {s: sum(1 for v in slots.values() if v == s) for s in set(slots.values())}
-        # the output trace serves kernel and bias; it is counted with the kernel
-        slot_bytes = {k: {'weight': nbytes(shapes['f'][k]) + nbytes(shapes['x'][s]) // sharing[s]}
+        # the output trace serves every operand of an op; it is counted with the first
+        slot_bytes = {k: {next(iter(graph.ops[k].weight_slots)):
+                          nbytes(shapes['f'][k]) + nbytes(shapes['x'][s]) // sharing[s]}
                       for k, s in slots.items()}
-        return self._method_rows(graph, f'approximate trace (ES-D-RTRL, decay {self.decay})',
-                                 slot_bytes)
+        exact = {(k, slot) for k in slots for slot in self._input_free_slots(graph.ops[k])}
+        return self._method_rows(
+            graph, lambda k, slot: (f'exact trace (ES-D-RTRL output trace; does not involve x)'
+                                    if (k, slot) in exact else
+                                    f'approximate trace (ES-D-RTRL, decay {self.decay:.4g})'),
+            slot_bytes)
+
+    @staticmethod
+    def _input_free_slots(op):
+        """Operands whose weight VJP does not depend on ``x`` (e.g. a bias): for them the
+        output trace alone is the exact D-RTRL trace."""
+        weights = {n: jnp.zeros(a.shape, a.dtype) for n, a in op.weight_avals.items()}
+        cot = jnp.zeros(op.y_aval.shape, op.y_aval.dtype)
+        jaxpr = jax.make_jaxpr(lambda x: op.primitive.rule('xy_to_dw')(x, cot, weights, **op.params))(
+            jnp.zeros(op.x_aval.shape, op.x_aval.dtype))
+        return [n for n, v in zip(sorted(weights), jaxpr.jaxpr.outvars)   # dicts flatten sorted
+                if not depends_on(jaxpr.jaxpr, v, set(jaxpr.jaxpr.invars))]

@@ -535,7 +535,7 @@ def analyse(step: TracedStep) -> StepGraph:
         for l in leaves:
             group_of_leaf[l] = len(groups)
         finals = {v for v, l in final_of.items() if l in leaves}
-        chained = any(_var_depends_on(jaxpr, v, finals - {v}) for v in finals)
+        chained = any(depends_on(jaxpr, v, finals - {v}) for v in finals)
         groups.append(Group(leaves, shapes.pop(), [step.hidden_names[l] for l in leaves], chained))
 
     # -- ETP ops
@@ -587,7 +587,7 @@ def analyse(step: TracedStep) -> StepGraph:
                 raise ValueError(f'{label} output of shape {y_var.aval.shape} does not map one '
                                  f'to one onto hidden states of shape {groups[group].shape}.')
             h_to_y = None if np.array_equal(flat, np.arange(size)) else flat
-        full = any(_var_depends_on(jaxpr, v, {y_var}) for v in final_of)
+        full = any(depends_on(jaxpr, v, {y_var}) for v in final_of)
         ops.append(EtpOp(
             eqn=i, primitive=prim, params=dict(eqn.params), weight_slots=slots,
             weight_avals={name: eqn.invars[slot].aval for name, slot in slots.items()},
@@ -620,7 +620,7 @@ def analyse(step: TracedStep) -> StepGraph:
                         continue     # still a parameter-only computation
                 direct_uses.add(i)
         if any(v in src for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)) or direct_uses:
-            reaches_hidden = any(v in src or _var_depends_on(jaxpr, v, src)
+            reaches_hidden = any(v in src or depends_on(jaxpr, v, src)
                                  for v in final_of)
             direct_params[p] = 'hidden' if reaches_hidden else 'output'
     return StepGraph(step, ops, groups, group_of_leaf, final_of, direct_params,
@@ -637,7 +637,8 @@ def _contains_etp(jaxpr) -> bool:
     return False
 
 
-def _var_depends_on(jaxpr, target, sources: set) -> bool:
+def depends_on(jaxpr, target, sources: set) -> bool:
+    """Whether jaxpr variable ``target`` is computed from any of ``sources``."""
     reached = set(sources)
     for eqn in jaxpr.eqns:
         if any(v in reached for v in eqn.invars if not isinstance(v, jex_core.Literal)):
