@@ -30,10 +30,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-import saiunit as u
 from jax import lax
 
 from .conv_args import conv_params

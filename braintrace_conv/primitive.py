@@ -206,15 +206,12 @@ def weight_vjp(prim: ETPPrimitive, operands, cotangent, **params) -> dict:
     return dict(zip(names, vjp(cotangent)))
 
 
-def apply_state_jacobian(jacobian, trace, n_between: int = 0):
-    """``out[..., *mid, m] = sum_k jacobian[..., m, k] * trace[..., *mid, k]``.
+def apply_state_jacobian(jacobian, trace):
+    """``out[..., m] = sum_k jacobian[..., m, k] * trace[..., k]``.
 
-    Applies the per-element ``n x n`` state Jacobian ``D^t`` to a trace whose
-    last axis runs over the ``n`` state variables; ``n_between`` axes of the
-    trace (e.g. kernel taps) sit between the shared leading axes and that last
-    axis and are broadcast over.
+    Applies the per-element ``n x n`` state Jacobian ``D^t`` to an
+    output-shaped trace whose last axis runs over the ``n`` state variables.
     """
-    jacobian = jacobian.reshape(jacobian.shape[:-2] + (1,) * n_between + jacobian.shape[-2:])
     if jacobian.shape[-1] == 1:
         return jacobian[..., 0] * trace
     return jnp.sum(jacobian * trace[..., None, :], axis=-1)

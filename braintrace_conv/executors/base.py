@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import brainstate
 import jax

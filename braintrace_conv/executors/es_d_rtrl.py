@@ -104,7 +104,7 @@ class ES_D_RTRL(OnlineLearner):
                       for k, s in slots.items()}
         exact = {(k, slot) for k in slots for slot in self._input_free_slots(graph.ops[k])}
         return self._method_rows(
-            graph, lambda k, slot: (f'exact trace (ES-D-RTRL output trace; does not involve x)'
+            graph, lambda k, slot: ('exact trace (ES-D-RTRL output trace; does not involve x)'
                                     if (k, slot) in exact else
                                     f'approximate trace (ES-D-RTRL, decay {self.decay:.4g})'),
             slot_bytes)

@@ -23,7 +23,7 @@ hidden state, or between hidden states, is rejected with an error naming it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import brainstate
 import jax
@@ -242,7 +242,7 @@ def _positions_through(eqn, index_in: dict[int, Any]):
     if name == 'broadcast_in_dim' and pos == 0:
         shape = eqn.params['shape']
         if int(np.prod(shape)) != idx.size:
-            raise _Mixing(f'broadcast_in_dim (copies one position to many)')
+            raise _Mixing('broadcast_in_dim (copies one position to many)')
         expanded = np.reshape(idx, [shape[d] if d in eqn.params['broadcast_dimensions'] else 1
                                     for d in range(len(shape))])
         return [np.broadcast_to(expanded, shape)]
@@ -598,7 +598,6 @@ def analyse(step: TracedStep) -> StepGraph:
 
     # -- parameters used outside ETP weight slots
     direct_params = {}
-    weight_vars = {jaxpr.eqns[op.eqn].invars[s] for op in ops for s in op.weight_slots.values()}
     for p in range(np_):
         src = {jaxpr.invars[nh + p]}
         # follow the parameter through parameter-only equations
