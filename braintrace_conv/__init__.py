@@ -17,6 +17,7 @@ from .primitive import ETPPrimitive, register_primitive  # noqa: E402
 from .conv import conv, etp_conv_p  # noqa: E402
 from .dense import dense, etp_dense_p  # noqa: E402
 from .executors import BPTT, D_RTRL, ES_D_RTRL, register_elementwise  # noqa: E402
+from .training import Trainer  # noqa: E402
 
 __all__ = ['ETPPrimitive', 'register_primitive', 'conv', 'etp_conv_p', 'dense', 'etp_dense_p',
-           'BPTT', 'D_RTRL', 'ES_D_RTRL', 'register_elementwise']
+           'BPTT', 'D_RTRL', 'ES_D_RTRL', 'register_elementwise', 'Trainer']

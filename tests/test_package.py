@@ -13,5 +13,5 @@ def test_import_keeps_the_users_float64_setting():
 def test_public_surface():
     import braintrace_conv as bc
     for name in ('conv', 'dense', 'register_primitive', 'ETPPrimitive', 'BPTT', 'D_RTRL',
-                 'ES_D_RTRL'):
+                 'ES_D_RTRL', 'Trainer'):
         assert name in bc.__all__ and getattr(bc, name).__doc__

@@ -1,0 +1,252 @@
+r"""Standard recurrent spiking convolutional networks for event streams.
+
+Layout and units
+----------------
+Models take one time step of an event stream per ``update`` call, shaped
+``(B, C, H, W)`` (channels first: ``C = 2`` polarity channels for DVS data,
+as produced by :mod:`braintrace_conv.data`), and return the class scores
+``(B, num_classes)`` of that step. Everything is unitless: inputs are event
+counts, voltages are in units of the firing threshold (``V_th = 1``), time
+constants and ``dt`` are plain numbers in ms (``dt`` from
+``brainstate.environ``, default :data:`braintrace_conv.nn.DEFAULT_DT` = 1 ms).
+
+Architecture
+------------
+``block 0``: 3x3 convolution (stride 1) into a LIF population. ``block i >
+0``: 3x3 convolution with stride 2 into a LIF population, with a recurrent
+3x3 convolution of the population's own spikes when ``recurrent=True``
+(:class:`~braintrace_conv.nn.RecurrentConvCell`). The last block's spikes are
+flattened into a dense readout, optionally integrated by a leaky readout
+neuron (:class:`~braintrace_conv.nn.LI`). Every trainable parameter lives in
+a :mod:`braintrace_conv.nn` layer, so every online executor can train these
+models.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Optional, Sequence
+
+import brainstate
+import numpy as np
+
+from . import nn
+
+__all__ = ['ConvLIF', 'RecurrentConvSNN', 'recurrent_conv_snn', 'standard_benchmark_snn',
+           'BENCHMARK_IN_SHAPE', 'BENCHMARK_NUM_CLASSES']
+
+#: Input shape ``(C, H, W)`` of the standard benchmark workload.
+BENCHMARK_IN_SHAPE = (2, 32, 32)
+#: Number of classes of the standard benchmark workload.
+BENCHMARK_NUM_CLASSES = 10
+
+_READOUTS = ('li', 'linear')
+
+
+class ConvLIF(brainstate.nn.Module):
+    """Feed-forward convolution into a LIF population (channels first).
+
+    Parameters
+    ----------
+    in_size : tuple of 3 ints
+        ``(C_in, H, W)`` of one input sample.
+    out_channels, kernel_size, stride
+        Of the :class:`~braintrace_conv.nn.Conv2d` (``'SAME'`` padding).
+    neuron : callable
+        ``neuron(size) -> LIF-like module`` for the output map ``size =
+        (out_channels, H_out, W_out)``.
+
+    Attributes
+    ----------
+    ff : Conv2d
+        The convolution.
+    neuron : Module
+        The neuron population.
+    out_size : tuple of 3 ints
+        ``(out_channels, H_out, W_out)``.
+
+    Notes
+    -----
+    ``update(x)`` maps ``(B, *in_size)`` to spikes ``(B, *out_size)``.
+    """
+
+    def __init__(self, in_size: Sequence[int], out_channels: int, kernel_size: int, *,
+                 stride: int, neuron: Callable):
+        super().__init__()
+        self.ff = nn.Conv2d(in_size[0], out_channels, kernel_size, stride=stride,
+                            layout='channels_first')
+        self.out_size = (out_channels,) + self.ff.output_spatial_shape(in_size[1:])
+        self.neuron = neuron(self.out_size)
+
+    def update(self, x):
+        """One step: spikes of ``neuron(ff(x))``, shape ``(B, *out_size)``."""
+        return self.neuron(self.ff(x))
+
+
+class RecurrentConvSNN(brainstate.nn.Module):
+    """Stack of spiking conv blocks with a dense (optionally leaky) readout.
+
+    Build it with :func:`recurrent_conv_snn` or :func:`standard_benchmark_snn`
+    (see the module docstring for the architecture, layout and units).
+
+    Attributes
+    ----------
+    in_shape : tuple of 3 ints
+        ``(C, H, W)`` of one input step.
+    num_classes : int
+        Number of outputs.
+    tau : float
+        Membrane time constant of every LIF and of the LI readout, ms.
+    blocks : list of ConvLIF or RecurrentConvCell
+        The spiking layers, in order.
+    flatten : Flatten
+        ``(B, C, H, W) -> (B, C * H * W)``.
+    fc : Linear
+        Dense readout, ``C * H * W`` of the last block to ``num_classes``.
+    out : LI or None
+        Leaky readout integrator (``readout='li'``), else None.
+    """
+
+    def __init__(self, in_shape: tuple, num_classes: int, blocks: list, tau: float,
+                 readout: str):
+        super().__init__()
+        self.in_shape = in_shape
+        self.num_classes = num_classes
+        self.tau = tau
+        self.blocks = blocks
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(math.prod(blocks[-1].out_size), num_classes)
+        self.out = nn.LI(num_classes, tau=tau) if readout == 'li' else None
+
+    def membrane_decay(self, dt: Optional[float] = None) -> float:
+        """``exp(-dt / tau)``, the per-step membrane decay of the neurons.
+
+        This is the decay to give :class:`~braintrace_conv.ES_D_RTRL`.
+        ``dt`` (ms) defaults to ``brainstate.environ``'s ``dt``, else
+        :data:`~braintrace_conv.nn.DEFAULT_DT`.
+        """
+        if dt is None:
+            dt = brainstate.environ.get('dt', default=nn.DEFAULT_DT)
+        return math.exp(-float(dt) / self.tau)
+
+    def update(self, x):
+        """One time step.
+
+        Parameters
+        ----------
+        x : array
+            Events of this step, ``(B, C, H, W)`` with ``(C, H, W) == in_shape``.
+
+        Returns
+        -------
+        array
+            ``(B, num_classes)``: the readout membrane potential (``'li'``)
+            or the dense readout current (``'linear'``).
+        """
+        if tuple(np.shape(x)[1:]) != self.in_shape:
+            raise ValueError(f'{type(self).__name__} expects inputs (B, *in_shape) = '
+                             f'(B, {", ".join(map(str, self.in_shape))}) per step, got shape '
+                             f'{np.shape(x)}.')
+        for block in self.blocks:
+            x = block(x)
+        y = self.fc(self.flatten(x))
+        return y if self.out is None else self.out(y)
+
+
+def _shape3(name: str, value) -> tuple:
+    try:
+        shape = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise TypeError(f'{name} must be a (C, H, W) tuple of ints, got {value!r}.') from None
+    if len(shape) != 3 or min(shape) <= 0:
+        raise ValueError(f'{name} must be a (C, H, W) tuple of positive ints, got {value!r}.')
+    return shape
+
+
+def _positive(name: str, value, kind=int):
+    ok = (isinstance(value, (int, np.integer)) if kind is int
+          else isinstance(value, (int, float, np.integer, np.floating)))
+    if isinstance(value, bool) or not ok or not value > 0:
+        raise ValueError(f'{name} must be a positive {kind.__name__}, got {value!r}.')
+    return kind(value)
+
+
+def recurrent_conv_snn(
+    in_shape: Sequence[int] = (2, 16, 16),
+    num_classes: int = 8,
+    *,
+    channels: Sequence[int] = (8, 16),
+    kernel_size: int = 3,
+    recurrent: bool = True,
+    readout: str = 'li',
+    tau: float = 10.0,
+    spike_fn: Optional[Callable] = None,
+) -> RecurrentConvSNN:
+    """Build a recurrent spiking conv net for event streams.
+
+    Parameters
+    ----------
+    in_shape : (C, H, W), default (2, 16, 16)
+        One input step, channels first.
+    num_classes : int, default 8
+        Number of class scores per step.
+    channels : sequence of int, default (8, 16)
+        Output channels of the spiking blocks. Block 0 keeps the resolution;
+        every further block halves it (stride 2, ``'SAME'`` padding).
+    kernel_size : int, default 3
+        Spatial size of every (feed-forward and recurrent) kernel.
+    recurrent : bool, default True
+        Give blocks 1, 2, ... a recurrent convolution of their own spikes.
+    readout : {'li', 'linear'}, default 'li'
+        ``'li'``: the scores are the potential of leaky integrators driven by
+        the dense readout; ``'linear'``: the dense readout itself.
+    tau : float, default 10.0
+        Membrane time constant of all neurons, ms.
+    spike_fn : callable, optional
+        Surrogate spike function of the LIF neurons (default: the LIF
+        default, :class:`~braintrace_conv.nn.surrogate.Sigmoid` ``(4.0)``).
+
+    Returns
+    -------
+    RecurrentConvSNN
+        Parameters are drawn from ``brainstate.random`` (seed it for
+        reproducibility). Hidden states are created by
+        ``brainstate.nn.init_all_states(model, batch_size)`` (the executors do
+        this).
+    """
+    in_shape = _shape3('in_shape', in_shape)
+    num_classes = _positive('num_classes', num_classes)
+    channels = tuple(channels) if not isinstance(channels, (int, np.integer)) else (channels,)
+    if not channels:
+        raise ValueError('channels must name at least one block.')
+    channels = tuple(_positive(f'channels[{i}]', c) for i, c in enumerate(channels))
+    kernel_size = _positive('kernel_size', kernel_size)
+    tau = _positive('tau', tau, float)
+    if readout not in _READOUTS:
+        raise ValueError(f'readout must be one of {_READOUTS}, got {readout!r}.')
+    lif_kwargs = dict(tau=tau) if spike_fn is None else dict(tau=tau, spike_fn=spike_fn)
+    neuron = functools.partial(nn.LIF, **lif_kwargs)
+
+    blocks, size = [], in_shape
+    for i, c in enumerate(channels):
+        stride = 1 if i == 0 else 2
+        if recurrent and i > 0:
+            block = nn.RecurrentConvCell(size, c, kernel_size, rec_kernel_size=kernel_size,
+                                         stride=stride, layout='channels_first', neuron=neuron)
+        else:
+            block = ConvLIF(size, c, kernel_size, stride=stride, neuron=neuron)
+        blocks.append(block)
+        size = tuple(block.out_size)
+    return RecurrentConvSNN(in_shape, num_classes, blocks, tau, readout)
+
+
+def standard_benchmark_snn() -> RecurrentConvSNN:
+    """The standard benchmark workload, shared by the benchmarks and the CLI.
+
+    Input ``(B, 2, 32, 32)`` per step; 3x3 conv 2 -> 8 + LIF; 3x3 conv
+    stride 2, 8 -> 16 + LIF (16 x 16 map); dense readout 4096 -> 10 returning
+    the readout current. LIF ``tau = 10`` ms (decay ``exp(-1/10)`` at
+    ``dt = 1`` ms).
+    """
+    return recurrent_conv_snn(BENCHMARK_IN_SHAPE, BENCHMARK_NUM_CLASSES, channels=(8, 16),
+                              kernel_size=3, recurrent=False, readout='linear', tau=10.0)
