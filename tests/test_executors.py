@@ -168,6 +168,26 @@ def test_drtrl_equals_bptt_with_transpose_between_conv_and_neuron():
     assert learner._last.ops[0].h_to_y is not None
 
 
+class Bypass(ConvTanh):
+    """The conv output reaches the loss both through the neuron and around it."""
+
+    def update(self, x):
+        y = bc.conv(x, self.K.value, self.b.value, **self.kw)
+        h = 0.7 * jnp.tanh(self.h.value) + y
+        self.h.value = h
+        feat = jnp.tanh(h.mean(axis=2)) + 0.5 * jnp.sin(y).mean(axis=2)
+        return bc.dense(feat, self.W.value)
+
+
+def test_drtrl_equals_bptt_when_the_op_output_also_bypasses_the_neuron():
+    x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
+    model = Bypass(x_shape, k_shape, kw, ch)
+    xs, targets = _conv_data(x_shape)
+    learner = bc.D_RTRL(model)
+    assert_matches_bptt(model, learner, xs, targets, sq_loss)
+    assert learner._last.ops[0].bypass
+
+
 class TwoVariable(brainstate.nn.Module):
     """v and an adaptation a; ``chained``: a is driven by the new v and the output reads a."""
 

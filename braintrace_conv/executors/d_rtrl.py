@@ -5,10 +5,11 @@ For every ETP op feeding a hidden group, per step::
     E^t  = yw_to_w(D^t, E^{t-1}) + xdf_to_trace(x^t, Df^t)
     dW  += trace_to_dw(E^t, g^t)
 
-evaluated as ``trace_to_dw(E^{t-1}, g^T D^t) + xy_to_dw(x^t, sum_n g^t Df^t)``,
-which is the same sum but reads the large trace once for the contraction and
-once for the update (instead of materialising ``E^t`` for both), and folds a
-bypass path (``gamma``, the full within-step ``dL/dy``) into the one VJP.
+The old trace has a single reader, the update, so XLA overwrites it in place;
+contracting ``E^{t-1}`` as well would make it copy the whole trace every step
+(measured: 1.11 s instead of 0.80 s per 100-step sequence on the standard
+workload). An op whose output also reaches the loss around its neurons adds
+``xy_to_dw(x^t, gamma^t - sum_n g^t Df^t)``, the rest of its within-step gradient.
 
 with the op's exact trace: the conv kernel trace keeps output positions and
 the bias trace is summed over positions only on contraction. For a single
@@ -52,13 +53,12 @@ class D_RTRL(OnlineLearner):
                 continue
             d, df, g = self.signals_in_y_layout(graph, k, sig)
             rule = op.primitive.rule
-            g_d = jnp.einsum('...m,...mk->...k', g, d)
-            now = sig.gamma[k] if op.bypass else jnp.sum(g * df, axis=-1)
-            dw[k] = jax.tree.map(jnp.add,
-                                 rule('trace_to_dw')(traces[k], g_d, weights[k], **op.params),
-                                 rule('xy_to_dw')(sig.xs[k], now, weights[k], **op.params))
             new[k] = jax.tree.map(jnp.add, rule('yw_to_w')(d, traces[k], **op.params),
                                   rule('xdf_to_trace')(sig.xs[k], df, weights[k], **op.params))
+            dw[k] = rule('trace_to_dw')(new[k], g, weights[k], **op.params)
+            if op.bypass:
+                dw[k] = jax.tree.map(jnp.add, dw[k], rule('xy_to_dw')(
+                    sig.xs[k], sig.gamma[k] - jnp.sum(g * df, axis=-1), weights[k], **op.params))
         return new, dw
 
     def _report(self, graph) -> Report:

@@ -362,8 +362,7 @@ class StepGraph:
     groups: list[Group]
     group_of_leaf: dict
     final_of: dict             # jaxpr var -> hidden leaf index
-    direct_params: dict        # param leaf -> 'hidden' | 'output' (non-ETP uses)
-    weight_param_leaves: set   # param leaves that feed ETP weight slots
+    direct_params: dict        # param leaf -> 'hidden' | 'output': used outside ETP weight slots
 
     # ---------------------------------------------------------------- evaluation
     def run(self, hidden, params, inputs, *, weights=None, eps=None, delta=None,
@@ -540,7 +539,6 @@ def analyse(step: TracedStep) -> StepGraph:
 
     # -- ETP ops
     ops = []
-    weight_param_leaves = set()
     for i in sorted(etp_eqns):
         eqn = jaxpr.eqns[i]
         prim = eqn.primitive
@@ -556,7 +554,6 @@ def analyse(step: TracedStep) -> StepGraph:
             slot_params[name] = sorted(k for _, k in d)
             p_leaves |= set(slot_params[name])
         x_var = eqn.invars[prim.x_invar_index]
-        weight_param_leaves |= p_leaves
         label = f'{prim.name} #{len(ops)} ({describe_params(p_leaves)})'
         y_var = eqn.outvars[0]
         size = int(np.prod(y_var.aval.shape))
@@ -600,7 +597,7 @@ def analyse(step: TracedStep) -> StepGraph:
     direct_params = {}
     for p in range(np_):
         src = {jaxpr.invars[nh + p]}
-        # follow the parameter through parameter-only equations
+        # everything computed from the parameter outside ETP ops
         for eqn in jaxpr.eqns:
             if any(v in src for v in eqn.invars if not isinstance(v, jex_core.Literal)):
                 if not isinstance(eqn.primitive, ETPPrimitive):
@@ -622,8 +619,7 @@ def analyse(step: TracedStep) -> StepGraph:
             reaches_hidden = any(v in src or depends_on(jaxpr, v, src)
                                  for v in final_of)
             direct_params[p] = 'hidden' if reaches_hidden else 'output'
-    return StepGraph(step, ops, groups, group_of_leaf, final_of, direct_params,
-                     weight_param_leaves)
+    return StepGraph(step, ops, groups, group_of_leaf, final_of, direct_params)
 
 
 def _contains_etp(jaxpr) -> bool:
