@@ -12,13 +12,14 @@ from typing import Any, Sequence
 import numpy as np
 from jax import lax
 
-__all__ = ['conv_params', 'canonical_perms']
+__all__ = ['conv_params', 'canonical_perms', 'positive_ints']
 
 _PADDING_STRINGS = ('SAME', 'SAME_LOWER', 'VALID')
 
 
-def _int_tuple(name: str, value, n_spatial: int, default: int | None) -> tuple[int, ...]:
-    """A positive-int tuple of length ``n_spatial`` (an int is broadcast)."""
+def positive_ints(name: str, value, n_spatial: int, default: int | None = None) -> tuple[int, ...]:
+    """A positive-int tuple of length ``n_spatial`` (an int is broadcast; ``None`` gives
+    ``default``, or an error naming ``name`` when there is no default)."""
     if value is None:
         if default is None:
             raise ValueError(f'{name} is required: a sequence of {n_spatial} positive ints.')
@@ -144,16 +145,16 @@ def conv_params(x_shape: Sequence[int], kernel_shape: Sequence[int], *, strides,
         precision = lax.Precision(precision)
     elif isinstance(precision, list):
         precision = tuple(precision)
-    lhs_dilation = _int_tuple('lhs_dilation', lhs_dilation, n_spatial, 1)
+    lhs_dilation = positive_ints('lhs_dilation', lhs_dilation, n_spatial, 1)
     padding = _padding(padding, n_spatial)
     if isinstance(padding, str) and any(d > 1 for d in lhs_dilation):
         raise ValueError(f'padding {padding!r} is not defined together with lhs_dilation '
                          f'{lhs_dilation}; give explicit (low, high) pairs instead.')
     return dict(
-        strides=_int_tuple('strides', strides, n_spatial, None),
+        strides=positive_ints('strides', strides, n_spatial, None),
         padding=padding,
         lhs_dilation=lhs_dilation,
-        rhs_dilation=_int_tuple('rhs_dilation', rhs_dilation, n_spatial, 1),
+        rhs_dilation=positive_ints('rhs_dilation', rhs_dilation, n_spatial, 1),
         feature_group_count=fgc,
         batch_group_count=bgc,
         dimension_numbers=dn,

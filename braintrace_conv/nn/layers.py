@@ -50,6 +50,7 @@ import saiunit as u
 from jax import lax
 
 from ..conv import conv
+from ..conv_args import positive_ints
 from ..dense import dense
 
 __all__ = [
@@ -110,22 +111,6 @@ DEFAULT_W_INIT = FanInNormal(4.0)
 
 
 # --------------------------------------------------------------------------- argument checks
-def _int_tuple(name: str, value, n: int) -> tuple:
-    """A tuple of ``n`` positive ints (an int is repeated ``n`` times)."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (value,) * n
-    try:
-        value = tuple(operator.index(v) for v in value)
-    except TypeError:
-        raise TypeError(f'{name} must be an int or a sequence of {n} ints, got {value!r}.') from None
-    if len(value) != n:
-        raise ValueError(f'{name} must have {n} entries (one per spatial dimension), '
-                         f'got {len(value)}: {value!r}.')
-    if any(v <= 0 for v in value):
-        raise ValueError(f'{name} must contain positive ints, got {value!r}.')
-    return value
-
-
 def _padding(value, n: int):
     """``'SAME'``/``'VALID'``, an int, ``n`` ints, or ``n`` (low, high) pairs -> str or pairs."""
     if isinstance(value, str):
@@ -225,10 +210,10 @@ class _ConvNd(brainstate.nn.Module):
         n = self.num_spatial_dims
         self.in_channels = _positive_int('in_channels', in_channels)
         self.out_channels = _positive_int('out_channels', out_channels)
-        self.kernel_size = _int_tuple('kernel_size', kernel_size, n)
-        self.stride = _int_tuple('stride', stride, n)
+        self.kernel_size = positive_ints('kernel_size', kernel_size, n)
+        self.stride = positive_ints('stride', stride, n)
         self.padding = _padding(padding, n)
-        self.dilation = _int_tuple('dilation', dilation, n)
+        self.dilation = positive_ints('dilation', dilation, n)
         self.groups = _positive_int('groups', groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(f'groups ({groups}) must divide in_channels ({in_channels}) and '
@@ -247,7 +232,7 @@ class _ConvNd(brainstate.nn.Module):
 
     def output_spatial_shape(self, in_spatial: Sequence[int]) -> tuple:
         """Spatial output shape for spatial input shape ``in_spatial`` (``num_spatial_dims`` ints)."""
-        in_spatial = _int_tuple('in_spatial', in_spatial, self.num_spatial_dims)
+        in_spatial = positive_ints('in_spatial', in_spatial, self.num_spatial_dims)
         dilated = tuple((k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation))
         pads = (lax.padtype_to_pads(in_spatial, dilated, self.stride, self.padding)
                 if isinstance(self.padding, str) else self.padding)
@@ -481,8 +466,8 @@ class AvgPool(brainstate.nn.Module):
                 raise TypeError('kernel_size of AvgPool must be a tuple (its length sets the '
                                 'number of spatial dims); use AvgPool1d/2d/3d for an int.')
             n = len(kernel_size)
-        self.kernel_size = _int_tuple('kernel_size', kernel_size, n)
-        self.stride = self.kernel_size if stride is None else _int_tuple('stride', stride, n)
+        self.kernel_size = positive_ints('kernel_size', kernel_size, n)
+        self.stride = self.kernel_size if stride is None else positive_ints('stride', stride, n)
         self.padding = _padding(padding, n)
         self.layout = _layout(layout)
 

@@ -23,7 +23,8 @@ import brainstate
 import jax
 import saiunit as u
 
-from .layers import DEFAULT_W_INIT, FanInNormal, _CONV_BY_RANK, _int_tuple, _layout
+from ..conv_args import positive_ints
+from .layers import DEFAULT_W_INIT, FanInNormal, _CONV_BY_RANK, _layout
 from .neurons import LIF
 
 __all__ = ['DEFAULT_REC_W_INIT', 'RecurrentConvCell']
@@ -120,7 +121,7 @@ class RecurrentConvCell(brainstate.nn.Module):
         if len(in_size) - 1 not in _CONV_BY_RANK:
             raise ValueError(f'in_size must be (*spatial, channels) or (channels, *spatial) with '
                              f'1 to 3 spatial dims, got {in_size!r}.')
-        in_size = _int_tuple('in_size', in_size, len(in_size))
+        in_size = positive_ints('in_size', in_size, len(in_size))
         layout = _layout(layout)
         conv_cls = _CONV_BY_RANK[len(in_size) - 1]
         if layout == 'channels_last':
