@@ -225,6 +225,7 @@ class Learner(abc.ABC):
 
 
 def graph_step(graph) -> TracedStep:
+    """The traced step behind what ``Learner._prepare`` returned (a graph or the step)."""
     return graph.step if isinstance(graph, StepGraph) else graph
 
 
