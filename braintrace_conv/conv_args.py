@@ -9,34 +9,13 @@ from __future__ import annotations
 import operator
 from typing import Any, Sequence
 
-import numpy as np
 from jax import lax
 
-__all__ = ['conv_params', 'canonical_perms', 'positive_ints']
+from ._validation import positive, positive_ints
+
+__all__ = ['conv_params', 'canonical_perms']
 
 _PADDING_STRINGS = ('SAME', 'SAME_LOWER', 'VALID')
-
-
-def positive_ints(name: str, value, n_spatial: int, default: int | None = None) -> tuple[int, ...]:
-    """A positive-int tuple of length ``n_spatial`` (an int is broadcast; ``None`` gives
-    ``default``, or an error naming ``name`` when there is no default)."""
-    if value is None:
-        if default is None:
-            raise ValueError(f'{name} is required: a sequence of {n_spatial} positive ints.')
-        return (default,) * n_spatial
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (int(value),) * n_spatial
-    try:
-        value = tuple(operator.index(v) for v in value)
-    except TypeError:
-        raise TypeError(f'{name} must be an int or a sequence of {n_spatial} ints, '
-                        f'got {value!r}.') from None
-    if len(value) != n_spatial:
-        raise ValueError(f'{name} must have {n_spatial} entries (one per spatial '
-                         f'dimension), got {len(value)}: {value!r}.')
-    if any(v <= 0 for v in value):
-        raise ValueError(f'{name} must be positive, got {value!r}.')
-    return value
 
 
 def _padding(padding, n_spatial: int):
@@ -119,11 +98,8 @@ def conv_params(x_shape: Sequence[int], kernel_shape: Sequence[int], *, strides,
                          f'{tuple(kernel_shape)} for x shape {tuple(x_shape)}.')
     n_spatial = rank - 2
     dn = _dimension_numbers(dimension_numbers, rank)
-    for name, count in (('feature_group_count', feature_group_count),
-                        ('batch_group_count', batch_group_count)):
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
-            raise ValueError(f'{name} must be a positive int, got {count!r}.')
-    fgc, bgc = int(feature_group_count), int(batch_group_count)
+    fgc = positive('feature_group_count', feature_group_count)
+    bgc = positive('batch_group_count', batch_group_count)
     if fgc > 1 and bgc > 1:
         raise ValueError(f'feature_group_count ({fgc}) and batch_group_count ({bgc}) cannot '
                          f'both be > 1.')

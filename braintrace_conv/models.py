@@ -31,6 +31,7 @@ import brainstate
 import numpy as np
 
 from . import nn
+from ._validation import positive
 
 __all__ = ['ConvLIF', 'RecurrentConvSNN', 'recurrent_conv_snn', 'standard_benchmark_snn',
            'BENCHMARK_IN_SHAPE', 'BENCHMARK_NUM_CLASSES']
@@ -163,14 +164,6 @@ def _shape3(name: str, value) -> tuple:
     return shape
 
 
-def _positive(name: str, value, kind=int):
-    ok = (isinstance(value, (int, np.integer)) if kind is int
-          else isinstance(value, (int, float, np.integer, np.floating)))
-    if isinstance(value, bool) or not ok or not value > 0:
-        raise ValueError(f'{name} must be a positive {kind.__name__}, got {value!r}.')
-    return kind(value)
-
-
 def recurrent_conv_snn(
     in_shape: Sequence[int] = (2, 16, 16),
     num_classes: int = 8,
@@ -215,13 +208,13 @@ def recurrent_conv_snn(
         this).
     """
     in_shape = _shape3('in_shape', in_shape)
-    num_classes = _positive('num_classes', num_classes)
+    num_classes = positive('num_classes', num_classes)
     channels = tuple(channels) if not isinstance(channels, (int, np.integer)) else (channels,)
     if not channels:
         raise ValueError('channels must name at least one block.')
-    channels = tuple(_positive(f'channels[{i}]', c) for i, c in enumerate(channels))
-    kernel_size = _positive('kernel_size', kernel_size)
-    tau = _positive('tau', tau, float)
+    channels = tuple(positive(f'channels[{i}]', c) for i, c in enumerate(channels))
+    kernel_size = positive('kernel_size', kernel_size)
+    tau = positive('tau', tau, float)
     if readout not in _READOUTS:
         raise ValueError(f'readout must be one of {_READOUTS}, got {readout!r}.')
     lif_kwargs = dict(tau=tau) if spike_fn is None else dict(tau=tau, spike_fn=spike_fn)

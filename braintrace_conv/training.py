@@ -40,6 +40,7 @@ import saiunit as u
 from jax import lax
 from tqdm.auto import tqdm
 
+from ._validation import positive
 from .executors import Learner
 
 __all__ = ['Trainer', 'weighted_cross_entropy', 'CHECKPOINT_NAME', 'METRICS_NAME', 'CURVE_NAME']
@@ -61,12 +62,6 @@ def weighted_cross_entropy(scores, target):
     labels, weight = target
     ce = optax.softmax_cross_entropy_with_integer_labels(u.get_mantissa(scores), labels)
     return weight * jnp.mean(ce)
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f'{name} must be a positive int, got {value!r}.')
-    return int(value)
 
 
 def _name(key) -> str:
@@ -164,9 +159,9 @@ class Trainer:
         self.model = learner.model
         self.optimizer = optimizer
         self.loss = loss
-        self.final_steps = _positive_int('final_steps', final_steps)
+        self.final_steps = positive('final_steps', final_steps)
         self.update_every = (None if update_every is None
-                             else _positive_int('update_every', update_every))
+                             else positive('update_every', update_every))
         self._params = dict(self.model.states(brainstate.ParamState))
         if not self._params:
             raise ValueError('the model has no brainstate.ParamState to train.')
@@ -199,7 +194,7 @@ class Trainer:
     # ------------------------------------------------------------------ loss pieces
     def step_weights(self, num_steps: int) -> np.ndarray:
         """Per-step loss weights ``w_t``, float32 ``(num_steps,)`` (see module docstring)."""
-        num_steps = _positive_int('num_steps', num_steps)
+        num_steps = positive('num_steps', num_steps)
         if self.loss == 'every_step':
             return np.full(num_steps, 1.0 / num_steps, np.float32)
         if self.final_steps > num_steps:
@@ -273,7 +268,7 @@ class Trainer:
             spiking layer name, the mean number of spikes per neuron and time
             step (over all samples and steps).
         """
-        batch_size = _positive_int('batch_size', batch_size)
+        batch_size = positive('batch_size', batch_size)
         weights = self.step_weights(dataset.num_steps)
         n_total, correct, loss_sum = 0, 0, 0.0
         spike_sums = {name: 0.0 for name in self.spiking_layers}
@@ -341,8 +336,8 @@ class Trainer:
             ``train_accuracy``, ``epoch_time_s`` and, with an
             ``eval_dataset``, ``test_loss``, ``test_accuracy``, ``spike_rates``.
         """
-        epochs = _positive_int('epochs', epochs)
-        batch_size = _positive_int('batch_size', batch_size)
+        epochs = positive('epochs', epochs)
+        batch_size = positive('batch_size', batch_size)
         if batch_size > len(train_dataset):
             raise ValueError(f'batch_size ({batch_size}) exceeds the number of training '
                              f'samples ({len(train_dataset)}).')

@@ -50,7 +50,7 @@ import saiunit as u
 from jax import lax
 
 from ..conv import conv
-from ..conv_args import positive_ints
+from .._validation import positive, positive_ints
 from ..dense import dense
 
 __all__ = [
@@ -131,12 +131,6 @@ def _padding(value, n: int):
     return pairs
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f'{name} must be a positive int, got {value!r}.')
-    return int(value)
-
-
 def _layout(value) -> str:
     if value not in _LAYOUTS:
         raise ValueError(f'layout must be one of {_LAYOUTS}, got {value!r}.')
@@ -208,13 +202,13 @@ class _ConvNd(brainstate.nn.Module):
     ):
         super().__init__(name=name)
         n = self.num_spatial_dims
-        self.in_channels = _positive_int('in_channels', in_channels)
-        self.out_channels = _positive_int('out_channels', out_channels)
+        self.in_channels = positive('in_channels', in_channels)
+        self.out_channels = positive('out_channels', out_channels)
         self.kernel_size = positive_ints('kernel_size', kernel_size, n)
         self.stride = positive_ints('stride', stride, n)
         self.padding = _padding(padding, n)
         self.dilation = positive_ints('dilation', dilation, n)
-        self.groups = _positive_int('groups', groups)
+        self.groups = positive('groups', groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(f'groups ({groups}) must divide in_channels ({in_channels}) and '
                              f'out_channels ({out_channels}).')
@@ -372,8 +366,8 @@ class Linear(brainstate.nn.Module):
                  b_init: Union[Callable, jax.Array, u.Quantity, None] = None,
                  name: Optional[str] = None):
         super().__init__(name=name)
-        self.in_features = _positive_int('in_features', in_features)
-        self.out_features = _positive_int('out_features', out_features)
+        self.in_features = positive('in_features', in_features)
+        self.out_features = positive('out_features', out_features)
         self.in_size = (self.in_features,)
         self.out_size = (self.out_features,)
         self.weight = brainstate.ParamState(

@@ -23,7 +23,7 @@ import brainstate
 import jax
 import saiunit as u
 
-from ..conv_args import positive_ints
+from .._validation import positive_ints
 from .layers import DEFAULT_W_INIT, FanInNormal, _CONV_BY_RANK, _layout
 from .neurons import LIF
 
