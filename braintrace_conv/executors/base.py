@@ -144,18 +144,36 @@ class Learner(abc.ABC):
             self._carry = (hidden, self._init_state(graph, hidden))
         return self._call(graph, loss_fn, *self._carry, xs, targets, return_outputs)
 
-    def predict(self, xs, *, reset: bool = True):
-        """Forward pass only: the stacked outputs ``(T, ...)`` for inputs ``(T, B, ...)``."""
+    def predict(self, xs, *, reset: bool = True, observe: Callable | None = None):
+        """Forward pass only.
+
+        Args:
+          xs: pytree of ``(T, B, ...)`` inputs.
+          reset: re-initialise hidden states for batch size ``B`` first.
+          observe: optional ``observe(model) -> pytree`` called after every
+            step, with the model's states holding that step's new hidden
+            values and the current parameters (e.g. ``lambda m:
+            m.lif1.spike()`` for spike rates). It must be a pure read of the
+            states.
+
+        Returns:
+          The stacked outputs ``(T, ...)``; with ``observe``, the pair
+          ``(outputs, observed)`` where every leaf of ``observed`` gains a
+          leading time axis ``T``.
+        """
         _, batch = _check_sequences(xs, ())
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
         step = graph_step(self._graph(xs))
-        key = ('predict', _signature(jax.tree.map(lambda a: a[0], xs), self.model))
+        key = ('predict', observe, _signature(jax.tree.map(lambda a: a[0], xs), self.model))
         if key not in self._compiled:
             def run(params, hidden, xs):
                 def body(h, x):
                     new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
-                    return new_h, jax.tree.unflatten(step.out_tree, out)
+                    out = jax.tree.unflatten(step.out_tree, out)
+                    if observe is None:
+                        return new_h, out
+                    return new_h, (out, step.observe(observe, new_h, params))
                 return lax.scan(body, hidden, xs)
             self._compiled[key] = jax.jit(run)
         hidden, outs = self._compiled[key](step.param_leaves(), step.hidden_leaves(), xs)

@@ -106,6 +106,23 @@ class TracedStep:
         return {key: jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
                 for key, tdef in zip(self.param_keys, self.param_treedefs)}
 
+    def observe(self, fn, hidden, params):
+        """``fn(model)`` with the model's states set to ``hidden`` / ``params`` leaves
+        (restored afterwards)."""
+        states = (self._states(brainstate.HiddenState, self.hidden_keys)
+                  + self._states(brainstate.ParamState, self.param_keys))
+        treedefs = self.hidden_treedefs + self.param_treedefs
+        saved = [st.value for st in states]
+        try:
+            with brainstate.StateTraceStack():
+                it = iter([*hidden, *params])
+                for st, tdef in zip(states, treedefs):
+                    st.value = jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
+                return fn(self.model)
+        finally:
+            for st, v in zip(states, saved):
+                st.restore_value(v)
+
     def evaluate(self, hidden, params, inputs):
         """Plain evaluation: ``(new hidden leaves, output leaves)``."""
         flat = jax.core.eval_jaxpr(self.closed_jaxpr.jaxpr, self.closed_jaxpr.consts,
