@@ -19,7 +19,7 @@ mantissa, so an optax update applies to it directly).
 from __future__ import annotations
 
 import abc
-import dataclasses
+import math
 from typing import Callable
 
 import brainstate
@@ -28,34 +28,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .graph import StepGraph, TracedStep, analyse, trace_step
-from .signals import StepSignals, step_signals
+from ..primitive import apply_state_jacobian
+from .graph import StepGraph, analyse
+from .report import (APPROX_READOUT, EXACT_OUTPUT_PARAM, EXACT_READOUT, MIXING_PARAM, UNUSED,
+                     Report)
+from .signals import StepSignals, init_release, step_signals
+from .trace import TracedStep, trace_step
 
 __all__ = ['Learner', 'OnlineLearner', 'Report']
-
-
-@dataclasses.dataclass
-class Report:
-    """How each parameter gets its gradient, and what the traces cost.
-
-    ``rows``: one dict per parameter leaf with ``parameter``, ``shape``,
-    ``method`` and ``trace_bytes`` (memory of the traces attributed to it).
-    """
-    algorithm: str
-    rows: list
-
-    @property
-    def trace_bytes(self) -> int:
-        return sum(r['trace_bytes'] for r in self.rows)
-
-    def __str__(self) -> str:
-        head = f'{self.algorithm}: total trace memory {self.trace_bytes / 2**20:.2f} MiB\n'
-        width = max([len(r['parameter']) for r in self.rows] + [9])
-        lines = [f"{'parameter':<{width}}  {'shape':<16} {'trace MiB':>9}  method"]
-        for r in self.rows:
-            lines.append(f"{r['parameter']:<{width}}  {str(r['shape']):<16} "
-                         f"{r['trace_bytes'] / 2**20:>9.3f}  {r['method']}")
-        return head + '\n'.join(lines)
 
 
 def _check_sequences(xs, targets):
@@ -124,10 +104,10 @@ class Learner(abc.ABC):
         _, batch = _check_sequences(xs, targets)
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
-        graph = self._graph(xs)
-        hidden = graph_step(graph).hidden_leaves()
-        return self._call(graph, loss_fn, hidden, self._init_state(graph, hidden), xs, targets,
-                          return_outputs)
+        step, graph = self._graph(xs)
+        hidden = step.hidden_leaves()
+        return self._call(step, graph, loss_fn, hidden, self._init_state(graph, hidden), xs,
+                          targets, return_outputs)
 
     def reset(self, batch_size: int) -> None:
         """Start a new online run: fresh hidden states and zero traces."""
@@ -138,11 +118,11 @@ class Learner(abc.ABC):
         """Run ``T`` more steps, keeping hidden states and traces; return this chunk's
         ``(loss, grads[, outputs])``. Parameters are read from the model at each call."""
         _check_sequences(xs, targets)
-        graph = self._graph(xs)
+        step, graph = self._graph(xs)
         if self._carry is None:
-            hidden = graph_step(graph).hidden_leaves()
+            hidden = step.hidden_leaves()
             self._carry = (hidden, self._init_state(graph, hidden))
-        return self._call(graph, loss_fn, *self._carry, xs, targets, return_outputs)
+        return self._call(step, graph, loss_fn, *self._carry, xs, targets, return_outputs)
 
     def predict(self, xs, *, reset: bool = True, observe: Callable | None = None):
         """Forward pass only.
@@ -164,7 +144,7 @@ class Learner(abc.ABC):
         _, batch = _check_sequences(xs, ())
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
-        step = graph_step(self._graph(xs))
+        step, _ = self._graph(xs)
         key = ('predict', observe, _signature(jax.tree.map(lambda a: a[0], xs), self.model))
         if key not in self._compiled:
             def run(params, hidden, xs):
@@ -186,8 +166,7 @@ class Learner(abc.ABC):
         memory figures."""
         _, batch = _check_sequences(xs, targets)
         brainstate.nn.init_all_states(self.model, batch)
-        graph = self._graph(xs)
-        step = graph_step(graph)
+        step, graph = self._graph(xs)
         hidden = step.hidden_leaves()
         return self._jitted(graph, loss_fn, False).lower(
             step.param_leaves(), hidden, self._init_state(graph, hidden), xs, targets)
@@ -198,14 +177,15 @@ class Learner(abc.ABC):
         if self._last is None:
             raise RuntimeError('report() describes the last call; call value_and_grad, advance '
                                'or predict first.')
-        return self._report(self._last)
+        return self._report(*self._last)
 
     # ------------------------------------------------------------------ internals
     def _graph(self, xs):
         x0 = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), xs)
         key = _signature(x0, self.model)
         if key not in self._graphs:
-            self._graphs[key] = self._prepare(trace_step(self.model, x0))
+            step = trace_step(self.model, x0)
+            self._graphs[key] = (step, self._prepare(step))
         self._last = self._graphs[key]
         return self._last
 
@@ -221,8 +201,7 @@ class Learner(abc.ABC):
                                                        return_outputs))
         return self._compiled[key]
 
-    def _call(self, graph, loss_fn, hidden, state, xs, targets, return_outputs):
-        step = graph_step(graph)
+    def _call(self, step, graph, loss_fn, hidden, state, xs, targets, return_outputs):
         loss, grads, hidden, state, outs = self._jitted(graph, loss_fn, return_outputs)(
             step.param_leaves(), hidden, state, xs, targets)
         step.write_hidden(hidden)
@@ -238,19 +217,22 @@ class Learner(abc.ABC):
         """``(loss, param-leaf grads, hidden, state, outputs or None)`` for one sequence."""
 
     @abc.abstractmethod
-    def _report(self, graph) -> Report:
+    def _report(self, step: TracedStep, prepared) -> Report:
         ...
 
 
-def graph_step(graph) -> TracedStep:
-    """The traced step behind what ``Learner._prepare`` returned (a graph or the step)."""
-    return graph.step if isinstance(graph, StepGraph) else graph
-
-
 class OnlineLearner(Learner):
-    """Shared scan of D-RTRL and ES-D-RTRL: per step, :func:`step_signals` and
-    the algorithm's trace update ``_update``; gradients are accumulated in the
-    carry, so memory does not depend on ``T``."""
+    """Shared scan of D-RTRL and ES-D-RTRL.
+
+    Per step: :func:`~.signals.step_signals`, the algorithm's update of the op
+    traces (``_update``), and the exact traces of parameters inside the
+    dynamics (:class:`~.graph.DynamicParam`), which both algorithms share::
+
+        E_phi^t = D^t E_phi^{t-1} + (dz^t/dh^{t-1}) R_phi^{t-1} + G_phi^t
+        dphi   += sum_i g^t[i] (E_phi^t[i] - G_phi^t[i])  (+ the within-step gradient)
+
+    Gradients are accumulated in the carry, so memory does not depend on ``T``.
+    """
 
     required_rules: tuple = ()   # ETP rules every op must provide
 
@@ -263,30 +245,60 @@ class OnlineLearner(Learner):
                                           f'{self.algorithm} needs.')
         return graph
 
+    def _init_state(self, graph, hidden):
+        dtype = jnp.result_type(float)
+        dyn = [jnp.zeros((*graph.groups[dp.group].shape, graph.groups[dp.group].m), dtype)
+               for dp in graph.dynamic_params]
+        return dict(ops=self._init_traces(graph, hidden), release=init_release(graph, dtype),
+                    dyn=dyn)
+
     def _sequence(self, graph, loss_fn, params, hidden, state, xs, targets, return_outputs):
         weights, pull_back = jax.vjp(graph.weights, params)
         direct = sorted(graph.direct_params)
         zeros_w = jax.tree.map(jnp.zeros_like, weights)
         zeros_p = [jnp.zeros_like(params[k]) for k in direct]
+        zeros_dyn = [jnp.zeros(graph.groups[dp.group].shape, jnp.result_type(float))
+                     for dp in graph.dynamic_params]
 
         def body(carry, inp):
-            h, st, acc_w, acc_p, loss_sum = carry
+            h, st, acc_w, acc_p, acc_dyn, loss_sum = carry
             x, target = inp
-            sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn)
-            st, dw = self._update(graph, st, sig, weights)
+            sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
+                               st['release'])
+            ops_state, dw = self._update(graph, st['ops'], sig, weights)
+            dyn, acc_dyn = self._dynamic_update(graph, st['dyn'], acc_dyn, sig)
             acc_w = [jax.tree.map(jnp.add, a, dw[k]) for k, a in enumerate(acc_w)]
             acc_p = [a + b for a, b in zip(acc_p, sig.direct_grads)]
             out = jax.tree.unflatten(graph.step.out_tree, sig.outputs) if return_outputs else None
-            return (sig.new_hidden, st, acc_w, acc_p, loss_sum + sig.loss), out
+            st = dict(ops=ops_state, release=sig.release, dyn=dyn)
+            return (sig.new_hidden, st, acc_w, acc_p, acc_dyn, loss_sum + sig.loss), out
 
         loss0 = jnp.zeros((), jnp.result_type(float))
-        (hidden, state, acc_w, acc_p, loss), outs = lax.scan(
-            body, (hidden, state, zeros_w, zeros_p, loss0), (xs, targets))
+        (hidden, state, acc_w, acc_p, acc_dyn, loss), outs = lax.scan(
+            body, (hidden, state, zeros_w, zeros_p, zeros_dyn, loss0), (xs, targets))
         (grads,) = pull_back(acc_w)
         grads = list(grads)
         for k, g in zip(direct, acc_p):
             grads[k] = grads[k] + g
+        for dp, acc in zip(graph.dynamic_params, acc_dyn):
+            grads[dp.leaf] = grads[dp.leaf] + jnp.reshape(dp.contract(acc),
+                                                          grads[dp.leaf].shape).astype(
+                grads[dp.leaf].dtype)
         return loss, grads, hidden, state, outs
+
+    @staticmethod
+    def _dynamic_update(graph, traces, acc, sig):
+        new_traces, new_acc = [], []
+        for j, dp in enumerate(graph.dynamic_params):
+            e = apply_state_jacobian(sig.D[dp.group], traces[j]) + sig.phi_in[j]
+            new_traces.append(e)
+            # the within-step part (G_phi) is already in the parameter's direct gradient
+            new_acc.append(acc[j] + jnp.sum(sig.g[dp.group] * (e - sig.phi_inst[j]), axis=-1))
+        return new_traces, new_acc
+
+    @abc.abstractmethod
+    def _init_traces(self, graph: StepGraph, hidden):
+        """Zeros of the algorithm's per-op traces."""
 
     @abc.abstractmethod
     def _update(self, graph: StepGraph, state, sig: StepSignals, weights):
@@ -301,39 +313,64 @@ class OnlineLearner(Learner):
                 graph.y_layout(op, sig.g[op.group], 1))
 
     @staticmethod
-    def instantaneous_dw(graph: StepGraph, k: int, sig: StepSignals, weights, df=None, g=None):
-        """Within-step gradient not carried by the trace: ``xy_to_dw(x, gamma)`` for a
-        readout; for a grouped op with a bypass, ``gamma`` minus the part through its
-        neurons (``sum_n g * Df``), which the trace already holds."""
+    def readout_dw(graph: StepGraph, k: int, sig: StepSignals, weights):
+        """The within-step gradient of readout ``k``: ``xy_to_dw(x, dL/dy)``."""
         op = graph.ops[k]
-        cot = sig.gamma[k]
-        if op.group is not None:
-            cot = cot - jnp.sum(g * df, axis=-1)
-        return op.primitive.rule('xy_to_dw')(sig.xs[k], cot, weights[k], **op.params)
+        return op.primitive.rule('xy_to_dw')(sig.xs[k], sig.gamma[k], weights[k], **op.params)
 
-    def _method_rows(self, graph: StepGraph, trace_method: Callable, slot_bytes: dict) -> Report:
-        """Report rows; ``trace_method(op, slot)`` describes a traced operand and
-        ``slot_bytes[op][slot]`` is the trace memory held for it."""
-        step = graph.step
+    def _report(self, step, graph) -> Report:
+        state = jax.eval_shape(lambda: self._init_state(graph, None))
+        nbytes = lambda a: math.prod(a.shape) * a.dtype.itemsize
         methods = {p: [] for p in range(step.n_params)}
         bytes_of = {p: 0 for p in range(step.n_params)}
+        op_bytes = self._op_trace_bytes(graph, state['ops'])
         for k, op in enumerate(graph.ops):
             for slot, leaves in op.slot_params.items():
                 if op.group is not None:
-                    m = trace_method(k, slot)
-                elif op.exact_readout:
-                    m = 'exact (instantaneous: output reaches no hidden state)'
+                    m = self._trace_method(graph, k, slot)
+                    grp = graph.groups[op.group]
+                    if grp.feeds and m.startswith('exact'):
+                        m = f'exact within its layer, truncated across layers ({_across(grp, op.group)})'
+                    elif grp.feeds:
+                        m = f'{m}; truncated across layers ({_across(grp, op.group)})'
                 else:
-                    m = 'approximate (instantaneous only: output reaches hidden states via other ops)'
+                    m = EXACT_READOUT if op.exact_readout else APPROX_READOUT
                 for p in leaves:
                     methods[p].append(f'{m} via {op.primitive.name} #{k}')
-                    bytes_of[p] += slot_bytes.get(k, {}).get(slot, 0) // len(leaves)
+                    bytes_of[p] += op_bytes.get(k, {}).get(slot, 0) // len(leaves)
+        traced = set()
+        for dp, trace in zip(graph.dynamic_params, state['dyn']):
+            grp = graph.groups[dp.group]
+            m = ('exact trace (elementwise in the dynamics of '
+                 f'{"/".join(grp.names)}, summed over positions)')
+            if grp.feeds:
+                m = (f'exact within its layer, truncated across layers ({_across(grp, dp.group)}): '
+                     f'elementwise in the dynamics of {"/".join(grp.names)}')
+            methods[dp.leaf].append(m)
+            bytes_of[dp.leaf] += nbytes(trace)
+            traced.add(dp.leaf)
         for p, kind in graph.direct_params.items():
-            methods[p].append('exact (instantaneous: used only on the path to the output)'
-                              if kind == 'output' else
-                              'approximate (instantaneous only: non-ETP path into hidden states)')
+            if p not in traced:
+                methods[p].append(EXACT_OUTPUT_PARAM if kind == 'output' else MIXING_PARAM)
         leaves = step.param_leaves()
         rows = [dict(parameter=step.param_names[p], shape=tuple(np.shape(leaves[p])),
-                     method='; '.join(methods[p]) or 'unused (the loss does not depend on it)',
-                     trace_bytes=bytes_of[p]) for p in range(step.n_params)]
+                     method='; '.join(methods[p]) or UNUSED, trace_bytes=bytes_of[p])
+                for p in range(step.n_params)]
         return Report(self.algorithm, rows)
+
+    @abc.abstractmethod
+    def _trace_method(self, graph: StepGraph, k: int, slot: str) -> str:
+        """Description of the traced operand ``slot`` of grouped op ``k``."""
+
+    @abc.abstractmethod
+    def _op_trace_bytes(self, graph: StepGraph, op_state) -> dict:
+        """``{op: {slot: bytes}}`` of the op traces (from ``eval_shape`` of the state)."""
+
+
+def _across(group, index) -> str:
+    kinds = []
+    if index in group.feeds:
+        kinds.append('recurrent synapses onto the same neurons are cut from the trace')
+    if group.feeds - {index}:
+        kinds.append('its effect through the dynamics of later layers is cut')
+    return '; '.join(kinds)

@@ -38,7 +38,7 @@ class BPTT(Learner):
         (loss, (hidden, outs)), grads = jax.value_and_grad(total, has_aux=True)(params)
         return loss, grads, hidden, state, outs
 
-    def _report(self, step) -> Report:
+    def _report(self, step, prepared) -> Report:
         leaves = step.param_leaves()
         rows = [dict(parameter=name, shape=tuple(jnp.shape(v)), trace_bytes=0,
                      method='exact (BPTT; memory grows with T)')

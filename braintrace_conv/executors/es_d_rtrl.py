@@ -1,16 +1,25 @@
-r"""ES-D-RTRL: linear-memory traces, input trace ⊗ output trace (DESIGN.md section 3).
+r"""ES-D-RTRL: linear-memory traces, input trace ⊗ output trace (``docs/theory.md``).
 
-Per step, with a decay ``alpha`` and ``Z^t = sum_{r=0..t} alpha^r`` counted
-from the sequence start inside the scan::
+Per grouped op, with a decay ``alpha`` and ``Z^t = sum_{r=0..t} alpha^r``
+counted from the sequence start inside the scan::
 
-    ex^t = alpha * ex^{t-1} + x^t                 one per distinct op input
-    ef^t = D^t ef^{t-1} + Df^t                    per op, (*y.shape, n)
-    dW  += xy_to_dw(ex^t / Z^t, sum_n g^t * ef^t)
+    ex^t = alpha * ex^{t-1} + x^t                 one per distinct (op input, alpha)
+    ef^t = D^t ef^{t-1} + Df^t                    per op, (*y.shape, m)
+    dW  += xy_to_dw(ex^t / Z^t, sum_m g^t * ef^t)
 
 i.e. one weight-gradient convolution per op and step, the work BPTT does per
-step. The bias gradient only involves ``ef`` and is exact. On a linear leaky
-layer ``h = alpha h + conv(x) + b`` with the executor's decay equal to the
-layer's, this equals BPTT; on spiking layers it is an approximation.
+step; ``D``, ``Df`` and ``g`` are those of the group's state cut, so a
+reset-after-spike neuron costs no more than any other. Operands whose weight
+gradient does not involve ``x`` (a bias) only need ``ef``, and are exact.
+On a linear leaky layer ``h = alpha h + conv(x) + b`` with the executor's
+decay equal to the layer's, this equals BPTT; on spiking layers it is an
+approximation.
+
+Without an explicit ``decay`` each op's ``alpha`` is inferred from the model:
+``D`` of the state variable the op drives, averaged over the neurons, after
+two steps from the model's initial state with zero input (for a linear leaky
+layer: its decay; for a LIF: the membrane decay times the reset's
+derivative at rest). :meth:`report` shows the decay used per op.
 """
 from __future__ import annotations
 
@@ -18,13 +27,28 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.extend import core as jex_core
+import numpy as np
 
 from ..primitive import ES_DRTRL_RULES, apply_state_jacobian
-from .base import OnlineLearner, Report
-from .graph import depends_on
+from .base import OnlineLearner
+from .jaxpr import depends_on, is_literal
+from .signals import init_release, step_signals
 
 __all__ = ['ES_D_RTRL']
+
+
+def _decay_value(decay):
+    if decay is None:
+        return None
+    if isinstance(decay, (bool, np.bool_)) or np.ndim(decay) != 0 \
+            or not np.issubdtype(np.asarray(decay).dtype, np.number) \
+            or np.iscomplexobj(decay):
+        raise ValueError(f'decay must be None (inferred from the model) or a real number in '
+                         f'(0, 1] (e.g. exp(-dt/tau)), got {decay!r}.')
+    value = float(decay)
+    if not 0 < value <= 1:
+        raise ValueError(f'decay must be in (0, 1] (e.g. exp(-dt/tau)), got {value!r}.')
+    return value
 
 
 class ES_D_RTRL(OnlineLearner):
@@ -32,82 +56,121 @@ class ES_D_RTRL(OnlineLearner):
 
     Args:
       model: a ``brainstate.nn.Module``.
-      decay: the input-trace decay ``alpha`` in ``(0, 1]``, typically the
-        synaptic/membrane decay ``exp(-dt / tau)`` of the network's neurons.
+      decay: the input-trace decay ``alpha`` in ``(0, 1]`` (a Python, numpy or
+        jax real scalar), used for every op; ``None`` (default) infers one per
+        op from the dynamics of the neurons it feeds.
     """
 
     algorithm = 'ES-D-RTRL'
     required_rules = ES_DRTRL_RULES
 
-    def __init__(self, model, decay: float):
+    def __init__(self, model, decay=None):
         super().__init__(model)
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
-            raise ValueError(f'decay must be a number in (0, 1] (e.g. exp(-dt/tau)), got {decay!r}.')
-        self.decay = float(decay)
+        self.decay = _decay_value(decay)
+        self._inferred = {}
+
+    # ------------------------------------------------------------------ decays
+    def decays(self, graph) -> dict:
+        """``{op index: alpha}`` for the grouped ops of ``graph``."""
+        grouped = [k for k, op in enumerate(graph.ops) if op.group is not None]
+        if self.decay is not None:
+            return {k: self.decay for k in grouped}
+        if id(graph) not in self._inferred:
+            self._inferred[id(graph)] = self._infer(graph, grouped)
+        return self._inferred[id(graph)]
 
     @staticmethod
-    def _input_slots(graph):
+    def _infer(graph, grouped):
+        step = graph.step
+        params = step.param_leaves()
+        first_input = step.n_hidden + step.n_params
+        inputs = [jnp.zeros(v.aval.shape, v.aval.dtype)
+                  for v in step.closed_jaxpr.jaxpr.invars[first_input:]]
+        no_loss = lambda out, target: jnp.zeros(())
+
+        def two_steps(hidden):
+            weights = graph.weights(params)
+            release = init_release(graph, jnp.result_type(float))
+            s0 = step_signals(graph, hidden, params, weights, inputs, None, no_loss, release)
+            s1 = step_signals(graph, s0.new_hidden, params, weights, inputs, None, no_loss,
+                              s0.release)
+            return s1.D, s1.Df
+
+        D, Df = jax.jit(two_steps)(step.hidden_leaves())
+        decays = {}
+        for k in grouped:
+            op = graph.ops[k]
+            driven = int(np.argmax(np.mean(np.abs(np.asarray(Df[k])).reshape(-1, Df[k].shape[-1]),
+                                           axis=0)))
+            alpha = float(np.mean(np.asarray(D[op.group])[..., driven, driven]))
+            if not 0 < alpha <= 1:
+                raise ValueError(f'the decay inferred for {op.label} from the dynamics at the '
+                                 f'initial state is {alpha:.4g}, outside (0, 1]; pass '
+                                 f'ES_D_RTRL(model, decay=...) explicitly.')
+            decays[k] = alpha
+        return decays
+
+    # ------------------------------------------------------------------ traces
+    def _input_slots(self, graph):
         """``(slots, readers)``: op index -> index of its input trace (ops reading the same
-        value share one), and for each input trace the first op that reads it."""
+        value with the same decay share one), and for each input trace the first op that
+        reads it."""
+        decays = self.decays(graph)
         keys, slots, readers = [], {}, []
-        jaxpr = graph.step.closed_jaxpr.jaxpr
         for k, op in enumerate(graph.ops):
             if op.group is None:
                 continue
-            var = jaxpr.eqns[op.eqn].invars[op.primitive.x_invar_index]
-            key = var if not isinstance(var, jex_core.Literal) else ('literal', k)
+            key = (op.x_var if not is_literal(op.x_var) else ('literal', k), decays[k])
             if key not in keys:
                 keys.append(key)
                 readers.append(k)
             slots[k] = keys.index(key)
         return slots, readers
 
-    def _init_state(self, graph, hidden):
+    def _init_traces(self, graph, hidden):
         slots, readers = self._input_slots(graph)
-        x_traces = [None] * len(readers)
-        out_traces = {}
-        for k, slot in slots.items():
-            op = graph.ops[k]
-            x_traces[slot] = jnp.zeros(op.x_aval.shape, op.y_aval.dtype)
-            out_traces[k] = op.primitive.rule('init_pp')(
-                op.x_aval, op.y_aval, op.weight_avals, graph.groups[op.group].n, **op.params)
-        return dict(x=x_traces, f=out_traces, norm=jnp.zeros((), jnp.result_type(float)))
+        x_traces = [jnp.zeros(graph.ops[k].x_aval.shape, graph.ops[k].y_aval.dtype)
+                    for k in readers]
+        out_traces = {k: graph.ops[k].primitive.rule('init_pp')(
+            graph.ops[k].x_aval, graph.ops[k].y_aval, graph.ops[k].weight_avals,
+            graph.groups[graph.ops[k].group].m, **graph.ops[k].params) for k in slots}
+        norms = [jnp.zeros((), jnp.result_type(float)) for _ in readers]
+        return dict(x=x_traces, f=out_traces, norm=norms)
 
     def _update(self, graph, state, sig, weights):
         slots, readers = self._input_slots(graph)
-        alpha = self.decay
-        norm = alpha * state['norm'] + 1.0
-        x_traces = [alpha * trace + sig.xs[k] for trace, k in zip(state['x'], readers)]
+        decays = self.decays(graph)
+        alphas = [decays[k] for k in readers]
+        norms = [a * z + 1.0 for a, z in zip(alphas, state['norm'])]
+        x_traces = [a * trace + sig.xs[k] for a, trace, k in zip(alphas, state['x'], readers)]
         out_traces, dw = {}, {}
         for k, op in enumerate(graph.ops):
             if op.group is None:
-                dw[k] = self.instantaneous_dw(graph, k, sig, weights)
+                dw[k] = self.readout_dw(graph, k, sig, weights)
                 continue
             d, df, g = self.signals_in_y_layout(graph, k, sig)
             out_traces[k] = apply_state_jacobian(d, state['f'][k]) + df
-            x_hat = x_traces[slots[k]] / norm.astype(x_traces[slots[k]].dtype)
+            s = slots[k]
+            x_hat = x_traces[s] / norms[s].astype(x_traces[s].dtype)
             dw[k] = op.primitive.rule('xy_to_dw')(x_hat, jnp.sum(g * out_traces[k], axis=-1),
                                                   weights[k], **op.params)
-            if op.bypass:
-                dw[k] = jax.tree.map(jnp.add, dw[k],
-                                     self.instantaneous_dw(graph, k, sig, weights, df, g))
-        return dict(x=x_traces, f=out_traces, norm=norm), dw
+        return dict(x=x_traces, f=out_traces, norm=norms), dw
 
-    def _report(self, graph) -> Report:
-        shapes = jax.eval_shape(lambda: self._init_state(graph, None))
+    # ------------------------------------------------------------------ report
+    def _trace_method(self, graph, k, slot):
+        if slot in self._input_free_slots(graph.ops[k]):
+            return 'exact trace (ES-D-RTRL output trace; does not involve x)'
+        how = 'given' if self.decay is not None else 'inferred from the model'
+        return f'approximate trace (ES-D-RTRL, decay {self.decays(graph)[k]:.4g}, {how})'
+
+    def _op_trace_bytes(self, graph, op_state):
         slots, _ = self._input_slots(graph)
         nbytes = lambda a: math.prod(a.shape) * a.dtype.itemsize
         sharing = {s: sum(1 for v in slots.values() if v == s) for s in set(slots.values())}
         # the output trace serves every operand of an op; it is counted with the first
-        slot_bytes = {k: {next(iter(graph.ops[k].weight_slots)):
-                          nbytes(shapes['f'][k]) + nbytes(shapes['x'][s]) // sharing[s]}
-                      for k, s in slots.items()}
-        exact = {(k, slot) for k in slots for slot in self._input_free_slots(graph.ops[k])}
-        return self._method_rows(
-            graph, lambda k, slot: ('exact trace (ES-D-RTRL output trace; does not involve x)'
-                                    if (k, slot) in exact else
-                                    f'approximate trace (ES-D-RTRL, decay {self.decay:.4g})'),
-            slot_bytes)
+        return {k: {next(iter(graph.ops[k].weight_slots)):
+                    nbytes(op_state['f'][k]) + nbytes(op_state['x'][s]) // sharing[s]}
+                for k, s in slots.items()}
 
     @staticmethod
     def _input_free_slots(op):

@@ -1,23 +1,25 @@
-r"""The per-step quantities of online learning (DESIGN.md section 1).
+r"""The per-step quantities of online learning (``docs/theory.md``).
 
-For one step ``h^t = F(h^{t-1}, y^t)``, ``y^t = op(x^t, theta)`` this computes,
-with JAX transformations of the traced step and no hand-written Jacobians:
+The state of each hidden group is cut where its ops enter (:mod:`.graph`):
+``z^t = G(h^{t-1}, y^t)``, ``h^t = R(z^t)``, elementwise. For one step this
+computes, with JAX transformations of the traced step and no hand-written
+Jacobians (every ETP op replaced by its recorded output, so no convolution is
+recomputed):
 
-* ``D^t``  — ``n x n`` per element, ``dh^t/dh^{t-1}`` within each hidden group
-  with every path through an ETP op cut (forward-mode, one JVP per state
-  variable);
-* ``Df^t`` — ``dh^t/dy^t`` per op, in the op's output layout (reverse-mode,
-  one VJP per state variable, paths through ETP ops cut);
-* ``g^t``  — ``dL^t/dh^t``: the loss of step ``t`` differentiated with respect
-  to a perturbation ``eps`` of each new hidden value where it is produced, so
-  every later use within the step (spikes, next layers, readout) counts. When
-  a group computes one new value from another within the step (``Q = dh^t /
-  d eps`` is not the identity), that path belongs to the transition, not to
-  the loss: ``g = Q^{-T} dL/d eps``, per element;
-* ``gamma^t`` — ``dL^t/dy^t`` for readouts and ops with a bypass path, and
-  the instantaneous gradient of parameters used outside ETP weight slots;
-
-all from one reverse pass, plus the op inputs ``x^t`` and the new hidden state.
+* ``g^t``   — ``dL^t/dz^t``: the loss of step ``t`` differentiated with respect
+  to a perturbation of each cut value where it is produced, so every later use
+  within the step (spikes, resets, next layers, readout) counts. When one cut
+  value is computed from another within the step (``Q = dz/d eps`` is not the
+  identity), that path belongs to the transition: ``g = Q^{-T} dL/d eps``;
+* ``D^t``   — ``dz^t/dz^{t-1} = (dz^t/dh^{t-1}) R^{t-1}``, ``m x m`` per
+  element, with ``R^{t-1} = dh^{t-1}/dz^{t-1}`` carried from the previous step
+  (the identity when the cut is the new state);
+* ``Df^t``  — ``dz^t/dy^t`` per grouped op, in the op's output layout;
+* for each :class:`~.graph.DynamicParam` ``phi``: ``G_phi^t = dz^t/dphi`` at
+  fixed ``h^{t-1}`` and the input of its trace ``(dz^t/dh^{t-1}) R_phi^{t-1} +
+  G_phi^t`` with ``R_phi^{t-1} = dh^{t-1}/dphi`` at fixed ``z^{t-1}``;
+* ``gamma^t`` — ``dL^t/dy^t`` for readouts, and the whole within-step gradient
+  of parameters used outside ETP weight slots.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import jax.numpy as jnp
 
 from .graph import StepGraph
 
-__all__ = ['StepSignals', 'step_signals']
+__all__ = ['StepSignals', 'step_signals', 'init_release']
 
 
 @dataclasses.dataclass
@@ -37,25 +39,62 @@ class StepSignals:
     new_hidden: list
     outputs: list
     xs: dict            # op index -> x^t
-    g: list             # per group: (*group.shape, n)
-    gamma: dict         # op index -> dL/dy (readouts and bypass ops)
-    direct_grads: list  # per direct parameter (graph order): instantaneous gradient
-    D: list             # per group: (*group.shape, n, n)
-    Df: dict            # grouped op index -> (*y.shape, n), output layout
+    g: list             # per group: (*group.shape, m)
+    gamma: dict         # readout op index -> dL/dy
+    direct_grads: list  # per direct parameter (sorted leaf order): within-step gradient
+    D: list             # per group: (*group.shape, m, m)
+    Df: dict            # grouped op index -> (*y.shape, m), output layout
+    phi_inst: list      # per dynamic parameter entry: G_phi, (*group.shape, m)
+    phi_in: list        # per dynamic parameter entry: trace input, (*group.shape, m)
+    release: dict       # carry for the next step (see init_release)
 
 
-def _basis(graph: StepGraph, hidden, position: int):
-    """Ones on the hidden leaves that are state variable ``position`` of their group."""
+def init_release(graph: StepGraph, dtype) -> dict:
+    """Zeros of ``R^{-1}`` (``(*shape, n, m)``) per group whose cut is not its new state,
+    and of ``R_phi^{-1}`` (``(*shape, n)``) per dynamic parameter of such a group."""
+    R = {g: jnp.zeros((*grp.shape, grp.n, grp.m), dtype) for g, grp in enumerate(graph.groups)
+         if not grp.identity_release}
+    Rphi = {j: jnp.zeros((*graph.groups[dp.group].shape, graph.groups[dp.group].n), dtype)
+            for j, dp in enumerate(graph.dynamic_params) if dp.group in R}
+    return dict(R=R, Rphi=Rphi)
+
+
+def _hidden_basis(graph: StepGraph, hidden, column: int):
+    """Ones on the hidden leaves that are state variable ``column`` of their group."""
     out = []
     for leaf, h in enumerate(hidden):
         g = graph.group_of_leaf.get(leaf)
-        hit = g is not None and graph.groups[g].leaves.index(leaf) == position
+        hit = g is not None and graph.groups[g].leaves.index(leaf) == column
         out.append(jnp.ones_like(h) if hit else jnp.zeros_like(h))
     return out
 
 
+def _cut_basis(graph: StepGraph, cut_values, column: int):
+    """Ones on the cut values that are cut variable ``column`` of their group."""
+    out, i = [], 0
+    for grp in graph.groups:
+        for c in range(grp.m):
+            out.append(jnp.ones_like(cut_values[i]) if c == column else jnp.zeros_like(cut_values[i]))
+            i += 1
+    return out
+
+
+def _per_group(graph: StepGraph, flat_cut, n_extra: int = 0):
+    """Flat list over ``graph.cut_vars`` -> per group ``(*shape, m, *extra)``."""
+    out, i = [], 0
+    for grp in graph.groups:
+        out.append(grp.to_hidden(flat_cut[i:i + grp.m], n_extra))
+        i += grp.m
+    return out
+
+
+def _stack_columns(columns, count):
+    """``count`` column arrays ``(..., r)`` -> ``(..., r, count)`` (missing columns: zeros)."""
+    return jnp.stack(columns[:count], axis=-1)
+
+
 def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss_fn,
-                 *, need_d: bool = True) -> StepSignals:
+                 release) -> StepSignals:
     """Evaluate one step and all learning signals (see module docstring).
 
     Args:
@@ -64,56 +103,113 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
       weights: ``graph.weights(params)``, the ETP weight operands.
       target: the step's target pytree, passed to ``loss_fn``.
       loss_fn: ``loss_fn(output, target) -> scalar``.
-      need_d: compute ``D`` and ``Df`` (all online executors do).
+      release: the previous step's ``StepSignals.release`` (or :func:`init_release`).
     """
-    ops = graph.ops
-    gamma_ops = [k for k, op in enumerate(ops) if op.group is None or op.bypass]
+    ops, groups = graph.ops, graph.groups
+    readouts = [k for k, op in enumerate(ops) if op.group is None]
+    grouped = [k for k, op in enumerate(ops) if op.group is not None]
     direct = sorted(graph.direct_params)
+    cut_vars = graph.cut_vars
     out_tree = graph.step.out_tree
 
     def forward(eps, deltas, direct_values):
         p = list(params)
         for k, v in zip(direct, direct_values):
             p[k] = v
-        new_h, out, xs, ys = graph.run(hidden, p, inputs, weights=weights, eps=eps,
-                                       delta=dict(zip(gamma_ops, deltas)), record=True)
+        new_h, out, rec = graph.run(hidden, p, inputs, weights=weights,
+                                    eps=dict(zip(cut_vars, eps)), delta=dict(zip(readouts, deltas)))
         loss = loss_fn(jax.tree.unflatten(out_tree, out), target)
         if jnp.shape(loss) != ():
             raise ValueError(f'loss_fn must return a scalar, got shape {jnp.shape(loss)}.')
-        return loss, (new_h, out, xs, ys)
+        return loss, (new_h, out, rec)
 
-    eps0 = [jnp.zeros_like(h) for h in hidden]
-    deltas0 = [jnp.zeros(ops[k].y_aval.shape, ops[k].y_aval.dtype) for k in gamma_ops]
-    loss, vjp, (new_h, out, xs, ys) = jax.vjp(forward, eps0, deltas0, [params[k] for k in direct],
-                                          has_aux=True)
-    g_leaves, gammas, direct_grads = vjp(jnp.ones_like(loss))
-    g = [jnp.stack([g_leaves[l] for l in grp.leaves], axis=-1) for grp in graph.groups]
+    eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in cut_vars]
+    deltas0 = [jnp.zeros(ops[k].y_aval.shape, ops[k].y_aval.dtype) for k in readouts]
+    loss, vjp, (new_h, out, rec) = jax.vjp(forward, eps0, deltas0, [params[k] for k in direct],
+                                           has_aux=True)
+    g_eps, gammas, direct_grads = vjp(jnp.ones_like(loss))
+    g = _per_group(graph, g_eps)
+    ys, z = rec['ys'], [rec['cut'][v] for v in cut_vars]
 
-    D, Df = [], {}
-    grouped = [k for k, op in enumerate(ops) if op.group is not None]
-    if need_d and graph.groups:
-        def cut_step(h_prev, deltas, eps=None):
-            new, _ = graph.run(h_prev, params, inputs, weights=weights, cut_etp=ys, eps=eps,
-                               delta=dict(zip(grouped, deltas)))
-            return new
+    # Every Jacobian below is of the step with ETP outputs replaced by their values.
+    dyn_leaves = sorted({dp.leaf for dp in graph.dynamic_params})
 
-        deltas_g = [jnp.zeros(ops[k].y_aval.shape, ops[k].y_aval.dtype) for k in grouped]
-        n_max = max(grp.n for grp in graph.groups)
-        per_group = lambda cols, grp: jnp.stack(
-            [jnp.stack([cols[c][l] for c in range(grp.n)], axis=-1) for l in grp.leaves], axis=-2)
-        columns = [jax.jvp(lambda h: cut_step(h, deltas_g), (hidden,),
-                           (_basis(graph, hidden, c),))[1] for c in range(n_max)]
-        D = [per_group(columns, grp) for grp in graph.groups]
-        if any(grp.chained for grp in graph.groups):
-            q_cols = [jax.jvp(lambda e: cut_step(hidden, deltas_g, e), (eps0,),
-                              (_basis(graph, hidden, c),))[1] for c in range(n_max)]
-            g = [jnp.linalg.solve(jnp.swapaxes(per_group(q_cols, grp), -1, -2), gg[..., None])[..., 0]
-                 if grp.chained else gg for grp, gg in zip(graph.groups, g)]
-        if grouped:
-            _, vjp_cut = jax.vjp(lambda d: cut_step(hidden, d), deltas_g)
-            rows = [vjp_cut(_basis(graph, hidden, m))[0] for m in range(n_max)]
-            for j, k in enumerate(grouped):
-                n = graph.groups[ops[k].group].n
-                Df[k] = jnp.stack([rows[m][j] for m in range(n)], axis=-1)
-    return StepSignals(loss, new_h, out, xs, g, dict(zip(gamma_ops, gammas)),
-                       list(direct_grads), D, Df)
+    def cut_run(h_prev, deltas, phis, eps=None, override=None):
+        p = list(params)
+        for leaf, v in zip(dyn_leaves, phis):
+            p[leaf] = v
+        new, _, r = graph.run(h_prev, p, inputs, weights=weights, cut_etp=ys,
+                              delta=dict(zip(grouped, deltas)),
+                              eps=None if eps is None else dict(zip(cut_vars, eps)),
+                              override=None if override is None else dict(zip(cut_vars, override)))
+        return new, [r['cut'][v] for v in cut_vars]
+
+    deltas_g = [jnp.zeros(ops[k].y_aval.shape, ops[k].y_aval.dtype) for k in grouped]
+    phis0 = [params[leaf] for leaf in dyn_leaves]
+    n_max = max([grp.n for grp in groups], default=0)
+    m_max = max([grp.m for grp in groups], default=0)
+
+    # A = dz/dh_prev: one forward-mode pass per state variable
+    a_cols = [_per_group(graph, jax.jvp(lambda h: cut_run(h, deltas_g, phis0)[1], (hidden,),
+                                        (_hidden_basis(graph, hidden, c),))[1])
+              for c in range(n_max)]
+    A = [_stack_columns([col[gi] for col in a_cols], grp.n) for gi, grp in enumerate(groups)]
+
+    # Df = dz/dy: one reverse-mode pass per cut variable, in each op's own layout
+    Df = {}
+    if grouped:
+        _, vjp_cut = jax.vjp(lambda d: cut_run(hidden, d, phis0)[1], deltas_g)
+        rows = [vjp_cut(_cut_basis(graph, z, r))[0] for r in range(m_max)]
+        for j, k in enumerate(grouped):
+            Df[k] = jnp.stack([rows[r][j] for r in range(groups[ops[k].group].m)], axis=-1)
+
+    # G_phi = dz/dphi at fixed h_prev: one forward pass per dynamic parameter leaf
+    g_phi = {}
+    for i, leaf in enumerate(dyn_leaves):
+        tangents = [jnp.zeros_like(v) for v in phis0]
+        tangents[i] = jnp.ones_like(phis0[i])
+        g_phi[leaf] = _per_group(graph, jax.jvp(lambda ph: cut_run(hidden, deltas_g, ph)[1],
+                                                (phis0,), (tangents,))[1])
+
+    # chained cut values: g = Q^{-T} dL/d eps
+    if any(grp.chained for grp in groups):
+        q_cols = [_per_group(graph, jax.jvp(lambda e: cut_run(hidden, deltas_g, phis0, eps=e)[1],
+                                            (eps0,), (_cut_basis(graph, z, c),))[1])
+                  for c in range(m_max)]
+        g = [jnp.linalg.solve(jnp.swapaxes(_stack_columns([col[gi] for col in q_cols], grp.m),
+                                           -1, -2), gg[..., None])[..., 0]
+             if grp.chained else gg for gi, (grp, gg) in enumerate(zip(groups, g))]
+
+    # R = dh/dz and R_phi = dh/dphi at fixed z, carried to the next step
+    new_release = dict(R={}, Rphi={})
+    if release['R']:
+        new_of = lambda h_new, grp: jnp.stack([h_new[l] for l in grp.leaves], axis=-1)
+        r_cols = [jax.jvp(lambda zz: cut_run(hidden, deltas_g, phis0, override=zz)[0], (z,),
+                          (_cut_basis(graph, z, c),))[1] for c in range(m_max)]
+        for gi in release['R']:
+            grp = groups[gi]
+            new_release['R'][gi] = jnp.stack([new_of(col, grp) for col in r_cols[:grp.m]], axis=-1)
+        for j in release['Rphi']:
+            dp = graph.dynamic_params[j]
+            i = dyn_leaves.index(dp.leaf)
+            tangents = [jnp.zeros_like(v) for v in phis0]
+            tangents[i] = jnp.ones_like(phis0[i])
+            col = jax.jvp(lambda ph: cut_run(hidden, deltas_g, ph, override=z)[0], (phis0,),
+                          (tangents,))[1]
+            new_release['Rphi'][j] = new_of(col, groups[dp.group])
+
+    D = []
+    for gi, grp in enumerate(groups):
+        if gi in release['R']:
+            D.append(jnp.einsum('...mn,...nk->...mk', A[gi], release['R'][gi]))
+        else:
+            D.append(A[gi])
+    phi_inst, phi_in = [], []
+    for j, dp in enumerate(graph.dynamic_params):
+        inst = g_phi[dp.leaf][dp.group]
+        phi_inst.append(inst)
+        if j in release['Rphi']:
+            inst = inst + jnp.einsum('...mn,...n->...m', A[dp.group], release['Rphi'][j])
+        phi_in.append(inst)
+    return StepSignals(loss, new_h, out, rec['xs'], g, dict(zip(readouts, gammas)),
+                       list(direct_grads), D, Df, phi_inst, phi_in, new_release)

@@ -1,0 +1,76 @@
+"""Walking a step's jaxpr: sub-jaxprs, dependencies and re-binding equations.
+
+Everything that reads raw jaxpr equations lives here and in
+:mod:`.positions`; the executors only see :class:`.graph.EtpOp` fields.
+"""
+from __future__ import annotations
+
+from jax.extend import core as jex_core
+
+from ..primitive import ETPPrimitive
+
+__all__ = ['is_literal', 'sub_jaxpr', 'contains_etp', 'depends_on', 'dependency_sets',
+           'bind_eqn']
+
+
+def is_literal(v) -> bool:
+    return isinstance(v, jex_core.Literal)
+
+
+def sub_jaxpr(eqn):
+    """The jaxpr of a call-like equation (pjit, custom_jvp_call, ...), or None."""
+    for key in ('call_jaxpr', 'jaxpr', 'fun_jaxpr'):
+        sub = eqn.params.get(key)
+        if isinstance(sub, jex_core.ClosedJaxpr):
+            return sub.jaxpr
+        if isinstance(sub, jex_core.Jaxpr):
+            return sub
+    return None
+
+
+def contains_etp(jaxpr) -> bool:
+    """Whether any equation of ``jaxpr`` (or of its sub-jaxprs) is an ETP op."""
+    for eqn in jaxpr.eqns:
+        if isinstance(eqn.primitive, ETPPrimitive):
+            return True
+        sub = sub_jaxpr(eqn)
+        if sub is not None and contains_etp(sub):
+            return True
+    return False
+
+
+def depends_on(jaxpr, target, sources: set) -> bool:
+    """Whether jaxpr variable ``target`` is computed from any of ``sources``."""
+    reached = set(sources)
+    for eqn in jaxpr.eqns:
+        if any(v in reached for v in eqn.invars if not is_literal(v)):
+            reached |= set(eqn.outvars)
+    return target in reached
+
+
+def dependency_sets(jaxpr, n_hidden: int, n_params: int) -> dict:
+    """For every var, the set of source kinds it depends on: ``'h'``, ``('p', i)``,
+    ``'x'`` (step input) and ``'y'`` (an ETP op output)."""
+    deps = {}
+    for i, v in enumerate(jaxpr.invars):
+        if i < n_hidden:
+            deps[v] = frozenset({'h'})
+        elif i < n_hidden + n_params:
+            deps[v] = frozenset({('p', i - n_hidden)})
+        else:
+            deps[v] = frozenset({'x'})
+    for eqn in jaxpr.eqns:
+        d = frozenset().union(*[deps.get(v, frozenset()) for v in eqn.invars if not is_literal(v)])
+        if isinstance(eqn.primitive, ETPPrimitive):
+            d = d | {'y'}
+        for v in eqn.outvars:
+            deps[v] = d
+    return deps
+
+
+def bind_eqn(eqn, invals) -> list:
+    """Re-bind one jaxpr equation to new operands; always returns a list of outputs."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, params = params if isinstance(params, tuple) else ((), params)  # older JAX: a pair
+    outs = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(outs) if eqn.primitive.multiple_results else [outs]

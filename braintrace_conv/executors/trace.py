@@ -1,0 +1,201 @@
+"""The brainstate boundary: one step of a model as a jaxpr over flat leaves.
+
+:func:`trace_step` traces ``model.update(x)`` once into a closed jaxpr whose
+inputs are ``(hidden leaves, parameter leaves, input leaves)`` and whose
+outputs are ``(new hidden leaves, output leaves)``, with every jitted helper
+inlined and plain ``lax`` convolutions / matrix products whose weights are
+computed from parameters rebound as ETP ops (:mod:`braintrace_conv.lift`).
+:class:`TracedStep` reads and writes the model's state values in that order.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import brainstate
+import jax
+import jax.numpy as jnp
+
+from ..lift import lift_rule
+from .jaxpr import bind_eqn, dependency_sets, is_literal
+
+__all__ = ['TracedStep', 'trace_step']
+
+
+@dataclasses.dataclass
+class TracedStep:
+    """One step of a model as a closed jaxpr over flat leaves.
+
+    ``closed_jaxpr`` maps ``(*hidden, *params, *inputs)`` leaves to
+    ``(*new_hidden, *outputs)`` leaves. ``hidden_names`` / ``param_names``
+    name every leaf; ``out_tree`` rebuilds the model output.
+    """
+    closed_jaxpr: Any
+    model: Any
+    hidden_keys: list
+    param_keys: list
+    hidden_names: list[str]
+    param_names: list[str]
+    hidden_treedefs: list
+    param_treedefs: list
+    out_tree: Any
+    n_inputs: int
+
+    @property
+    def n_hidden(self) -> int:
+        return len(self.hidden_names)
+
+    @property
+    def n_params(self) -> int:
+        return len(self.param_names)
+
+    # States are looked up on every use: re-initialising a model replaces its state objects.
+    def _states(self, kind, keys):
+        found = self.model.states(kind)
+        return [found[k] for k in keys]
+
+    def hidden_leaves(self):
+        return [leaf for st in self._states(brainstate.HiddenState, self.hidden_keys)
+                for leaf in jax.tree.leaves(st.value)]
+
+    def param_leaves(self):
+        return [leaf for st in self._states(brainstate.ParamState, self.param_keys)
+                for leaf in jax.tree.leaves(st.value)]
+
+    def write_hidden(self, leaves) -> None:
+        it = iter(leaves)
+        for st, tdef in zip(self._states(brainstate.HiddenState, self.hidden_keys),
+                            self.hidden_treedefs):
+            st.value = jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
+
+    def params_tree(self, leaves) -> dict:
+        """Parameter-leaf list -> dict keyed like ``model.states(ParamState)``."""
+        it = iter(leaves)
+        return {key: jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
+                for key, tdef in zip(self.param_keys, self.param_treedefs)}
+
+    def observe(self, fn, hidden, params):
+        """``fn(model)`` with the model's states set to ``hidden`` / ``params`` leaves
+        (restored afterwards)."""
+        states = (self._states(brainstate.HiddenState, self.hidden_keys)
+                  + self._states(brainstate.ParamState, self.param_keys))
+        treedefs = self.hidden_treedefs + self.param_treedefs
+        saved = [st.value for st in states]
+        try:
+            with brainstate.StateTraceStack():
+                it = iter([*hidden, *params])
+                for st, tdef in zip(states, treedefs):
+                    st.value = jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
+                return fn(self.model)
+        finally:
+            for st, v in zip(states, saved):
+                st.restore_value(v)
+
+    def evaluate(self, hidden, params, inputs):
+        """Plain evaluation: ``(new hidden leaves, output leaves)``."""
+        flat = jax.core.eval_jaxpr(self.closed_jaxpr.jaxpr, self.closed_jaxpr.consts,
+                                   *hidden, *params, *inputs)
+        return flat[:self.n_hidden], flat[self.n_hidden:]
+
+
+def _leaf_names(key, value):
+    base = '.'.join(str(k) for k in key) if isinstance(key, tuple) else str(key)
+    paths = jax.tree_util.tree_flatten_with_path(value)[0]
+    if len(paths) == 1:
+        return [base]
+    return [base + jax.tree_util.keystr(p) for p, _ in paths]
+
+
+def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
+    """Trace ``model.update(x)`` for the current hidden-state shapes.
+
+    Args:
+      model: a ``brainstate.nn.Module`` whose hidden states are initialised.
+      x_example: one step of input (a pytree of arrays with batch axes), or
+        ``ShapeDtypeStruct``s of it.
+
+    Raises:
+      ValueError: if the step writes a state that is neither a ``HiddenState``
+        nor left unchanged, or writes a ``ParamState``.
+    """
+    hidden_map = model.states(brainstate.HiddenState)
+    param_map = model.states(brainstate.ParamState)
+    hidden_states = list(hidden_map.values())
+    hidden_names = [n for k, st in hidden_map.items() for n in _leaf_names(k, st.value)]
+    param_names = [n for k, st in param_map.items() for n in _leaf_names(k, st.value)]
+    hidden_treedefs = [jax.tree.structure(st.value) for st in hidden_states]
+    param_treedefs = [jax.tree.structure(st.value) for st in param_map.values()]
+    every = hidden_states + list(param_map.values())
+    treedefs = hidden_treedefs + param_treedefs
+    x_leaves, x_tree = jax.tree.flatten(x_example)
+    out_tree_box = []
+    known = set(map(id, every))
+
+    def step(hidden_and_params, xs):
+        saved = [st.value for st in every]
+        try:
+            with brainstate.StateTraceStack():
+                it = iter(hidden_and_params)
+                for st, tdef in zip(every, treedefs):
+                    st.value = jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
+                with brainstate.StateTraceStack() as stack:   # records the model's own writes
+                    out = model.update(jax.tree.unflatten(x_tree, xs))
+                new_hidden = [leaf for st in hidden_states for leaf in jax.tree.leaves(st.value)]
+                written = [st for st, w in zip(stack.states, stack.been_writen) if w]
+        finally:
+            for st, v in zip(every, saved):
+                st.restore_value(v)
+        for st in written:
+            if id(st) not in known:
+                raise ValueError(f'model.update writes state {st!r} which is neither a '
+                                 f'brainstate.HiddenState nor a ParamState; online executors '
+                                 f'carry only HiddenStates across steps.')
+            if isinstance(st, brainstate.ParamState):
+                raise ValueError(f'model.update writes the ParamState {st!r}; parameters must '
+                                 f'stay fixed within a sequence.')
+        out_leaves, out_tree = jax.tree.flatten(out)
+        out_tree_box.append(out_tree)
+        return new_hidden + out_leaves
+
+    leaves = [leaf for st in every for leaf in jax.tree.leaves(st.value)]
+    specs = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in leaves]
+    x_specs = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in x_leaves]
+    with jax.disable_jit():   # inline every jitted helper so ETP ops sit at top level
+        closed = jax.make_jaxpr(lambda a, b: step(a, b))(specs, x_specs)
+    closed = _lift_plain_ops(closed, len(hidden_names), len(param_names))
+    return TracedStep(closed, model, list(hidden_map.keys()), list(param_map.keys()),
+                      hidden_names, param_names, hidden_treedefs, param_treedefs,
+                      out_tree_box[-1], len(x_leaves))
+
+
+def _lift_plain_ops(closed, n_hidden: int, n_params: int):
+    """Re-trace ``closed`` with plain ops rebound as ETP ops where a lift rule applies
+    (weight operand from parameters only, data operand from states or inputs)."""
+    jaxpr = closed.jaxpr
+    deps = dependency_sets(jaxpr, n_hidden, n_params)
+    params_only = lambda v: is_literal(v) or not (deps.get(v, frozenset()) & {'h', 'x', 'y'})
+    lifts = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        found = lift_rule(eqn.primitive.name)
+        if found is None:
+            continue
+        rule, w = found
+        others = [v for p, v in enumerate(eqn.invars) if p != w]
+        if params_only(eqn.invars[w]) and not all(params_only(v) for v in others):
+            lifts[i] = rule
+    if not lifts:
+        return closed
+
+    def run(*args):
+        env = dict(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.invars, args))
+        read = lambda v: v.val if is_literal(v) else env[v]
+        for i, eqn in enumerate(jaxpr.eqns):
+            invals = [read(v) for v in eqn.invars]
+            out = lifts[i](invals, eqn.params) if i in lifts else None
+            outs = [out] if out is not None else bind_eqn(eqn, invals)
+            env.update(zip(eqn.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
+
+    specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars]
+    return jax.make_jaxpr(run)(*specs)
