@@ -142,7 +142,7 @@ def test_drtrl_equals_bptt_with_flatten_between_conv_and_neuron():
     xs, targets = _conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
-    assert learner._last.ops[0].h_to_y is None   # a reshape keeps row-major order
+    assert learner._last[1].ops[0].h_to_y is None   # a reshape keeps row-major order
 
 
 class TransposedNeuron(ConvTanh):
@@ -165,7 +165,7 @@ def test_drtrl_equals_bptt_with_transpose_between_conv_and_neuron():
     xs, targets = _conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
-    assert learner._last.ops[0].h_to_y is not None
+    assert learner._last[1].ops[0].h_to_y is not None
 
 
 class Bypass(ConvTanh):
@@ -185,7 +185,8 @@ def test_drtrl_equals_bptt_when_the_op_output_also_bypasses_the_neuron():
     xs, targets = _conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
-    assert learner._last.ops[0].bypass
+    (group,) = learner._last[1].groups
+    assert group.m == 2 and not group.identity_release   # the cut holds y as well as h
 
 
 class TwoVariable(brainstate.nn.Module):
@@ -220,7 +221,7 @@ def test_drtrl_equals_bptt_two_variable_neuron(chained):
     targets = jnp.asarray(rng.normal(size=(8, 2, 2)))
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sin_loss)
-    (group,) = learner._last.groups
+    (group,) = learner._last[1].groups
     assert group.n == 2 and group.chained == chained
 
 
@@ -442,14 +443,22 @@ def test_report_describes_every_parameter():
     model = SpikingConvNet(recurrent=True)
     xs = jnp.zeros((2, 2, 8, 8, 2))
     labels = jnp.zeros((2, 2), jnp.int32)
-    for learner, word in [(bc.D_RTRL(model), 'exact trace'), (bc.ES_D_RTRL(model, 0.9), 'ES-D-RTRL')]:
+    across = 'truncated across layers (its effect through the dynamics of later layers is cut)'
+    recurrent = 'recurrent synapses onto the same neurons are cut'
+    for learner, word in [(bc.D_RTRL(model), 'exact within its layer'),
+                          (bc.ES_D_RTRL(model, 0.9), 'approximate trace (ES-D-RTRL')]:
         learner.value_and_grad(xent, xs, labels)
         report = learner.report()
         rows = {r['parameter']: r for r in report.rows}
         assert set(rows) == {'K1', 'b1', 'K2', 'b2', 'R2', 'W'}
-        assert word in rows['K1']['method'] and rows['K1']['trace_bytes'] > 0
-        assert 'instantaneous' in rows['W']['method']
-        assert rows['b1']['method'].startswith('exact trace')   # a bias never involves x
+        # layer 1 feeds layer 2: nothing of it is labelled plainly exact
+        assert word in rows['K1']['method'] and across in rows['K1']['method']
+        assert rows['K1']['trace_bytes'] > 0
+        assert rows['b1']['method'].startswith('exact within its layer, ' + across)
+        # layer 2 feeds itself through R2
+        for name in ('K2', 'b2', 'R2'):
+            assert recurrent in rows[name]['method'], rows[name]
+        assert rows['W']['method'].startswith('exact (instantaneous')
         assert 'K1' in str(report)
     d, es = bc.D_RTRL(model), bc.ES_D_RTRL(model, 0.9)
     d.value_and_grad(xent, xs, labels)
@@ -509,7 +518,7 @@ def test_user_registered_primitive_with_the_same_rules_is_used_unchanged():
     xs, targets = _conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
-    assert learner._last.ops[0].primitive is my_conv
+    assert learner._last[1].ops[0].primitive is my_conv
 
 
 def _conv_params(x, K, b, kw):
