@@ -11,8 +11,8 @@ where ``P`` is the receptive-field patch of ``x`` seen by output element
 ``(b,s,k)``: the patches of the input, restricted to the channel group (feature
 grouping) or batch block (batch grouping) that feeds channel ``k``.
 
-Exact D-RTRL therefore keeps the kernel trace **position-resolved** (DESIGN.md
-section 2); it is stored in a canonical layout, independent of the user's
+Exact D-RTRL therefore keeps the kernel trace **position-resolved** (``docs/theory.md``,
+"conv kernel trace"); it is stored in a canonical layout, independent of the user's
 ``dimension_numbers``::
 
     kernel trace: (G, K/G, N, *S_out, n, P)    P = I_kernel * prod(kernel spatial)

@@ -15,7 +15,7 @@ from one Python implementation ``impl(*args, **params) -> array``:
 So ``jax.jit``, ``jax.grad``, ``jax.vmap``, ``jax.lax.scan`` and BPTT work
 unchanged. On top of that each primitive holds a read-only table of named
 *ETP rules*, installed with :meth:`ETPPrimitive.register_etp_rules`, which the
-online executors call (see ``DESIGN.md`` section 4). Executors never look a
+online executors call (see ``docs/theory.md``, "rule contract"). Executors never look a
 primitive up by identity: any primitive registered here with the same rules
 is handled the same way.
 
@@ -58,7 +58,7 @@ from jax.interpreters import ad, batching, mlir
 __all__ = ['ETPPrimitive', 'register_primitive', 'STANDARD_RULES', 'DRTRL_RULES',
            'ES_DRTRL_RULES', 'weight_vjp', 'apply_state_jacobian']
 
-#: Rules every ETP primitive is expected to provide (DESIGN.md section 4).
+#: Rules every ETP primitive is expected to provide (``docs/theory.md``, "rule contract").
 STANDARD_RULES = ('yw_to_w', 'xy_to_dw', 'init_drtrl', 'init_pp')
 #: Rules the D-RTRL executor calls.
 DRTRL_RULES = ('yw_to_w', 'xy_to_dw', 'init_drtrl', 'xdf_to_trace', 'trace_to_dw')

@@ -16,10 +16,11 @@ decay equal to the layer's, this equals BPTT; on spiking layers it is an
 approximation.
 
 Without an explicit ``decay`` each op's ``alpha`` is inferred from the model:
-``D`` of the state variable the op drives, averaged over the neurons, after
-two steps from the model's initial state with zero input (for a linear leaky
-layer: its decay; for a LIF: the membrane decay times the reset's
-derivative at rest). :meth:`report` shows the decay used per op.
+the leak ``D`` of the state variable the op drives, averaged over the neurons,
+after two steps from the model's initial state with zero input, with
+functions that carry a custom derivative (surrogate spikes) held constant. For
+a linear leaky layer that is its decay, for a LIF neuron in any style its
+membrane decay ``exp(-dt/tau)``. :meth:`report` shows the decay used per op.
 """
 from __future__ import annotations
 
@@ -91,9 +92,10 @@ class ES_D_RTRL(OnlineLearner):
         def two_steps(hidden):
             weights = graph.weights(params)
             release = init_release(graph, jnp.result_type(float))
-            s0 = step_signals(graph, hidden, params, weights, inputs, None, no_loss, release)
+            s0 = step_signals(graph, hidden, params, weights, inputs, None, no_loss, release,
+                              hold_custom=True)
             s1 = step_signals(graph, s0.new_hidden, params, weights, inputs, None, no_loss,
-                              s0.release)
+                              s0.release, hold_custom=True)
             return s1.D, s1.Df
 
         D, Df = jax.jit(two_steps)(step.hidden_leaves())

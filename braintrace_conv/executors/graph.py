@@ -163,7 +163,7 @@ class StepGraph:
 
     # ---------------------------------------------------------------- evaluation
     def run(self, hidden, params, inputs, *, weights=None, eps=None, override=None,
-            delta=None, cut_etp=None):
+            delta=None, cut_etp=None, hold_custom=False):
         """Evaluate the step with hooks.
 
         Args:
@@ -177,10 +177,12 @@ class StepGraph:
           cut_etp: ``{op_index: y}``, the ETP op outputs of this step: they
             replace the ops (no recomputation), which cuts every path
             through them.
+          hold_custom: treat functions with a custom derivative (surrogate
+            spikes) as constants, leaving the leak of the dynamics.
 
         Returns:
           ``(new_hidden, outputs, record)`` with ``record = dict(xs=, ys=, cut=)``:
-          op inputs and outputs by op index, and the value of every cut variable.
+          op inputs and outputs by op index, and the values of ``cut_vars``.
         """
         closed = self.step.closed_jaxpr
         jaxpr = closed.jaxpr
@@ -218,11 +220,13 @@ class StepGraph:
                 outs = [y + delta[k] if delta is not None and k in delta else y]
             else:
                 outs = bind_eqn(eqn, invals)
+                if hold_custom and eqn.primitive.name.startswith(('custom_jvp', 'custom_vjp')):
+                    outs = [lax.stop_gradient(o) for o in outs]
             for v, val in zip(eqn.outvars, outs):
                 write(v, val)
         flat = [read(v) for v in jaxpr.outvars]
         n = self.step.n_hidden
-        record = dict(xs=xs, ys=ys, cut={v: env[v] for v in self.cut_vars})
+        record = dict(xs=xs, ys=ys, cut=[env[v] for v in self.cut_vars])
         return flat[:n], flat[n:], record
 
     def weights(self, params):

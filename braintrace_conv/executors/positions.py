@@ -69,9 +69,12 @@ def positions_through(eqn, index_in: dict, *, broadcast: bool = False):
         result = None
         for idx in index_in.values():
             if idx.shape != shape:
-                if not broadcast or idx.ndim != 0:
-                    raise Mixing(f'{name} (broadcasting a {idx.shape} operand to {shape})')
-                idx = np.broadcast_to(idx, shape)
+                try:
+                    if not broadcast:
+                        raise ValueError
+                    idx = np.broadcast_to(idx, shape)
+                except ValueError:
+                    raise Mixing(f'{name} (broadcasting a {idx.shape} operand to {shape})') from None
             if result is not None and not np.array_equal(result, idx):
                 raise Mixing(f'{name} (combining different positions)')
             result = idx

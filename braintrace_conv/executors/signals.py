@@ -94,7 +94,7 @@ def _stack_columns(columns, count):
 
 
 def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss_fn,
-                 release) -> StepSignals:
+                 release, *, hold_custom: bool = False) -> StepSignals:
     """Evaluate one step and all learning signals (see module docstring).
 
     Args:
@@ -104,6 +104,8 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
       target: the step's target pytree, passed to ``loss_fn``.
       loss_fn: ``loss_fn(output, target) -> scalar``.
       release: the previous step's ``StepSignals.release`` (or :func:`init_release`).
+      hold_custom: hold functions with custom derivatives (surrogate spikes)
+        constant in the Jacobians, which then describe the leak only.
     """
     ops, groups = graph.ops, graph.groups
     readouts = [k for k, op in enumerate(ops) if op.group is None]
@@ -129,7 +131,7 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
                                            has_aux=True)
     g_eps, gammas, direct_grads = vjp(jnp.ones_like(loss))
     g = _per_group(graph, g_eps)
-    ys, z = rec['ys'], [rec['cut'][v] for v in cut_vars]
+    ys, z = rec['ys'], rec['cut']
 
     # Every Jacobian below is of the step with ETP outputs replaced by their values.
     dyn_leaves = sorted({dp.leaf for dp in graph.dynamic_params})
@@ -139,10 +141,11 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
         for leaf, v in zip(dyn_leaves, phis):
             p[leaf] = v
         new, _, r = graph.run(h_prev, p, inputs, weights=weights, cut_etp=ys,
+                              hold_custom=hold_custom,
                               delta=dict(zip(grouped, deltas)),
                               eps=None if eps is None else dict(zip(cut_vars, eps)),
                               override=None if override is None else dict(zip(cut_vars, override)))
-        return new, [r['cut'][v] for v in cut_vars]
+        return new, r['cut']
 
     deltas_g = [jnp.zeros(ops[k].y_aval.shape, ops[k].y_aval.dtype) for k in grouped]
     phis0 = [params[leaf] for leaf in dyn_leaves]

@@ -1,0 +1,405 @@
+"""Executors on models written the way users write them (float64, against BPTT).
+
+Reset-after-spike neurons (state stored after the reset, output the spike of
+the pre-reset potential), outputs that read the old state, ``brainstate.nn``
+layers (plain ``lax`` convolutions and matrix products), parameters inside the
+neuron dynamics (bias after the op, per-channel time constant, threshold,
+reset value), and decays inferred from the model.
+"""
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import braintrace_conv as bc
+
+EXACT = 1e-6
+
+
+@pytest.fixture(autouse=True, scope='module')
+def float64_params():
+    old = brainstate.environ.get_precision()
+    brainstate.environ.set(precision=64)
+    jax.config.update('jax_enable_x64', True)
+    yield
+    brainstate.environ.set(precision=old)
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def spike(x):
+    """Heaviside with a sigmoid surrogate derivative (slope 4), as users define it."""
+    @jax.custom_jvp
+    def heaviside(x):
+        return (x > 0).astype(x.dtype)
+
+    @heaviside.defjvp
+    def _jvp(primals, tangents):
+        (x,), (dx,) = primals, tangents
+        s = jax.nn.sigmoid(4.0 * x)
+        return heaviside(x), dx * 4.0 * s * (1 - s)
+
+    return heaviside(x)
+
+
+def xent(out, label):
+    return -jnp.mean(jax.nn.log_softmax(out)[jnp.arange(out.shape[0]), label])
+
+
+def spikes_and_labels(shape, T=10, seed=0, p=0.4):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.random((T, *shape)) < p, jnp.float64),
+            jnp.asarray(rng.integers(0, 3, (T, shape[0]))))
+
+
+def compare(model, learner, xs, targets, loss_fn=xent):
+    """Gradients of ``learner`` and BPTT, keyed by parameter name."""
+    _, ref = bc.BPTT(model).value_and_grad(loss_fn, xs, targets)
+    _, grads = learner.value_and_grad(loss_fn, xs, targets)
+    errors = {}
+    for key in ref:     # one entry per leaf, named like report() rows
+        leaves = jax.tree_util.tree_flatten_with_path(ref[key])[0]
+        mine = jax.tree.leaves(grads[key])
+        for (path, r), g in zip(leaves, mine):
+            name = '.'.join(map(str, key)) + (jax.tree_util.keystr(path) if path else '')
+            assert np.abs(np.asarray(r)).max() > 0, f'{name}: vacuous reference'
+            errors[name] = rel_err(g, r)
+    return errors
+
+
+def methods(learner):
+    return {r['parameter']: r['method'] for r in learner.report().rows}
+
+
+# ----------------------------------------------------------------------------- neuron styles
+class OneLayer(brainstate.nn.Module):
+    """conv (+bias) -> a neuron written in one of several user styles -> dense readout."""
+
+    def __init__(self, style, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.style = style
+        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, 2, 4)) * 0.8))
+        self.b = brainstate.ParamState(jnp.full(4, 0.1))
+        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(6 * 6 * 4, 3)) * 0.3))
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 6, 6, 4)))
+        if self.style == 'alif-reset':
+            self.a = brainstate.HiddenState(jnp.zeros((batch_size, 6, 6, 4)))
+
+    def update(self, x):
+        y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
+                    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+        h_old = self.h.value
+        if self.style == 'subtract':          # snnTorch / brainpy default
+            v = 0.9 * h_old + y
+            s = spike(v - 1.0)
+            self.h.value = v - s
+            out = s
+        elif self.style == 'zero':            # reset to zero
+            v = 0.8 * h_old + y
+            s = spike(v - 1.0)
+            self.h.value = v * (1.0 - s)
+            out = s
+        elif self.style == 'old-and-new':     # output reads the old state too
+            v = 0.9 * h_old + y
+            s = spike(v - 1.0)
+            self.h.value = v - s
+            out = s + 0.3 * jnp.tanh(h_old)
+        elif self.style == 'old-only':        # output from the old state alone
+            self.h.value = 0.9 * h_old + y
+            out = jax.nn.sigmoid(h_old)
+        elif self.style == 'alif-reset':      # two states, both stored after the reset
+            a_old = self.a.value
+            v = 0.9 * h_old + y - 0.5 * a_old
+            s = spike(v - 1.0)
+            self.h.value = v - s
+            self.a.value = 0.8 * a_old + s
+            out = s
+        else:
+            raise ValueError(self.style)
+        return bc.dense(out.reshape(out.shape[0], -1), self.W.value)
+
+
+STYLES = ['subtract', 'zero', 'old-and-new', 'old-only', 'alif-reset']
+
+
+@pytest.mark.parametrize('style', STYLES)
+def test_drtrl_is_exact_for_every_neuron_style(style):
+    model = OneLayer(style)
+    xs, labels = spikes_and_labels((3, 6, 6, 2))
+    learner = bc.D_RTRL(model)
+    errors = compare(model, learner, xs, labels)
+    assert max(errors.values()) < EXACT, errors
+    rows = methods(learner)
+    assert rows['K'].startswith('exact trace (D-RTRL)') and rows['b'].startswith('exact trace')
+
+
+@pytest.mark.parametrize('style', STYLES)
+def test_es_drtrl_bias_and_readout_are_exact_for_every_neuron_style(style):
+    model = OneLayer(style)
+    xs, labels = spikes_and_labels((3, 6, 6, 2))
+    learner = bc.ES_D_RTRL(model, decay=0.9)
+    errors = compare(model, learner, xs, labels)
+    assert errors['b'] < EXACT and errors['W'] < EXACT, errors
+    rows = methods(learner)
+    assert rows['b'].startswith('exact trace') and rows['K'].startswith('approximate trace')
+
+
+def _convolutions(learner, xs, labels):
+    """Convolutions in the optimised HLO of the whole-sequence computation."""
+    text = learner.lower(xent, xs, labels).compile().as_text()
+    return text.count(' convolution(')
+
+
+def test_reset_after_spike_costs_no_extra_weight_gradient_convolution():
+    """ES-D-RTRL compiles to as many convolutions as BPTT, whatever the neuron style."""
+    xs, labels = spikes_and_labels((3, 6, 6, 2), T=4)
+    counts = {}
+    for style in ('subtract', 'old-and-new'):
+        model = OneLayer(style)
+        counts[style] = {name: _convolutions(make(model), xs, labels) for name, make in
+                         [('bptt', bc.BPTT), ('es', lambda m: bc.ES_D_RTRL(m, decay=0.9))]}
+    for style, c in counts.items():
+        assert c['es'] <= c['bptt'], counts
+
+
+# ----------------------------------------------------------------------------- brainstate layers
+class BrainstateLayers(brainstate.nn.Module):
+    """brainstate.nn.ConvNd -> reset-after-spike LIF -> brainstate.nn.Linear readout."""
+
+    def __init__(self, rank, hidden_linear=False, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.rank, self.hidden_linear = rank, hidden_linear
+        size = (5,) * rank
+        conv = {1: brainstate.nn.Conv1d, 2: brainstate.nn.Conv2d, 3: brainstate.nn.Conv3d}[rank]
+        self.conv = conv((*size, 2), 3, 3, padding='SAME',
+                         w_init=jnp.asarray(rng.normal(size=(3,) * rank + (2, 3)) * 0.7),
+                         b_init=jnp.asarray(rng.normal(size=3) * 0.2))
+        self.shape = (*size, 3)
+        n = int(np.prod(self.shape))
+        if hidden_linear:      # a dense hidden layer with its bias inside the dynamics
+            self.fc = brainstate.nn.Linear(n, 7, w_init=jnp.asarray(rng.normal(size=(n, 7))),
+                                           b_init=jnp.asarray(rng.normal(size=7) * 0.2))
+            n = 7
+        self.readout = brainstate.nn.Linear(n, 3, w_init=jnp.asarray(rng.normal(size=(n, 3)) * 0.3))
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, *self.shape)))
+        if self.hidden_linear:
+            self.h2 = brainstate.HiddenState(jnp.zeros((batch_size, 7)))
+
+    def update(self, x):
+        v = 0.9 * self.h.value + self.conv(x)
+        s = spike(v - 1.0)
+        self.h.value = v - s
+        s = s.reshape(s.shape[0], -1)
+        if self.hidden_linear:
+            v2 = 0.8 * self.h2.value + self.fc(s)
+            s = spike(v2 - 0.5)
+            self.h2.value = v2 - 0.5 * s
+        return self.readout(s)
+
+
+@pytest.mark.parametrize('rank', [1, 2, 3])
+def test_brainstate_conv_layers_train_exactly_like_ours(rank):
+    model = BrainstateLayers(rank)
+    xs, labels = spikes_and_labels((3,) + (5,) * rank + (2,), T=6)
+    learner = bc.D_RTRL(model)
+    errors = compare(model, learner, xs, labels)
+    assert max(errors.values()) < EXACT, errors
+    rows = methods(learner)
+    assert rows["conv.weight['weight']"].startswith('exact trace (D-RTRL) via etp_conv')
+    assert rows["conv.weight['bias']"].startswith('exact trace (elementwise')   # added after the op
+    assert rows["readout.weight['weight']"].startswith('exact (instantaneous')
+    assert rows["readout.weight['bias']"].startswith('exact (instantaneous')
+
+
+def test_brainstate_linear_hidden_layer_is_exact_within_its_layer():
+    model = BrainstateLayers(1, hidden_linear=True)
+    xs, labels = spikes_and_labels((3, 5, 2), T=8, p=0.7)
+    learner = bc.D_RTRL(model)
+    errors = compare(model, learner, xs, labels)
+    assert errors["fc.weight['weight']"] < EXACT and errors["fc.weight['bias']"] < EXACT, errors
+    rows = methods(learner)
+    assert rows["fc.weight['weight']"].startswith('exact trace (D-RTRL) via etp_dense')
+    assert 'truncated across layers' in rows["conv.weight['weight']"]
+
+
+@pytest.mark.parametrize('form', ['x@W', 'x@W.T', 'lax.conv'])
+def test_plain_jax_ops_are_lifted(form):
+    rng = np.random.default_rng(4)
+
+    class Plain(brainstate.nn.Module):
+        def __init__(self):
+            super().__init__()
+            shape = (2, 1, 3) if form == 'lax.conv' else ((6, 4) if form == 'x@W' else (4, 6))
+            self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=shape) * 0.5))
+            self.R = brainstate.ParamState(jnp.asarray(rng.normal(size=(4 if form != 'lax.conv' else 12, 3))))
+
+        def init_state(self, batch_size=None, **kw):
+            self.h = brainstate.HiddenState(jnp.zeros((batch_size, 4) if form != 'lax.conv'
+                                                      else (batch_size, 2, 6)))
+
+        def update(self, x):
+            if form == 'x@W':
+                y = x @ self.W.value
+            elif form == 'x@W.T':
+                y = x @ self.W.value.T
+            else:
+                y = lax.conv_general_dilated(x, self.W.value, (1,), 'SAME')
+            v = 0.7 * self.h.value + y
+            s = spike(v - 0.5)
+            self.h.value = v - s
+            return s.reshape(s.shape[0], -1) @ self.R.value
+
+    model = Plain()
+    xs, labels = spikes_and_labels((3, 1, 6) if form == 'lax.conv' else (3, 6), T=6)
+    learner = bc.D_RTRL(model)
+    errors = compare(model, learner, xs, labels)
+    assert max(errors.values()) < EXACT, errors
+    assert methods(learner)['W'].startswith('exact trace (D-RTRL) via etp_')
+
+
+# ----------------------------------------------------------------------------- dynamics parameters
+class Parametric(brainstate.nn.Module):
+    """Bias after the op, per-channel trainable tau, threshold and reset value."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 2, 4)) * 0.8))
+        self.bias = brainstate.ParamState(jnp.asarray(rng.normal(size=4) * 0.2))
+        self.tau = brainstate.ParamState(jnp.asarray(rng.uniform(3.0, 8.0, size=4)))
+        self.theta = brainstate.ParamState(jnp.full((1, 4), 0.8))
+        self.v_reset = brainstate.ParamState(jnp.asarray(0.1))
+        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(7 * 4, 3)) * 0.3))
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 7, 4)))
+
+    def update(self, x):
+        y = bc.conv(x, self.K.value, strides=1, padding='SAME',
+                    dimension_numbers=('NWC', 'WIO', 'NWC')) + self.bias.value
+        v = jnp.exp(-1.0 / self.tau.value) * self.h.value + y
+        s = spike(v - self.theta.value)
+        self.h.value = v - s * (self.theta.value - self.v_reset.value)
+        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
+
+
+@pytest.mark.parametrize('make', [bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, decay=0.8)],
+                         ids=['d-rtrl', 'es-d-rtrl'])
+def test_parameters_inside_the_dynamics_get_exact_traces(make):
+    model = Parametric()
+    xs, labels = spikes_and_labels((3, 7, 2), T=12, p=0.5)
+    learner = make(model)
+    errors = compare(model, learner, xs, labels)
+    for name in ('bias', 'tau', 'theta', 'v_reset', 'W'):
+        assert errors[name] < EXACT, errors
+    rows = methods(learner)
+    for name in ('bias', 'tau', 'theta', 'v_reset'):
+        assert rows[name].startswith('exact trace (elementwise'), rows[name]
+    if learner.algorithm == 'D-RTRL':
+        assert errors['K'] < EXACT
+
+
+class MixedParameter(Parametric):
+    """A parameter that mixes positions before reaching the state stays instantaneous."""
+
+    def update(self, x):
+        y = bc.conv(x, self.K.value, strides=1, padding='SAME',
+                    dimension_numbers=('NWC', 'WIO', 'NWC'))
+        v = 0.8 * self.h.value + y + jnp.sum(self.bias.value)     # mixes the 4 entries
+        s = spike(v - 0.8)
+        self.h.value = v - s
+        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
+
+
+def test_a_parameter_that_mixes_positions_is_labelled_instantaneous():
+    model = MixedParameter()
+    xs, labels = spikes_and_labels((3, 7, 2), T=8, p=0.5)
+    learner = bc.D_RTRL(model)
+    learner.value_and_grad(xent, xs, labels)
+    assert methods(learner)['bias'].startswith('approximate (instantaneous only')
+
+
+# ----------------------------------------------------------------------------- decays
+class TwoLeaky(brainstate.nn.Module):
+    """Two parallel linear leaky layers with decays 0.7 and 0.5 and a shared readout."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.K1 = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 2, 3))))
+        self.K2 = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 2, 2))))
+        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(3 * 7 + 3 * 7, 2)) * 0.3))
+
+    def init_state(self, batch_size=None, **kw):
+        self.h1 = brainstate.HiddenState(jnp.zeros((batch_size, 3, 7)))
+        self.h2 = brainstate.HiddenState(jnp.zeros((batch_size, 3, 7)))
+
+    def update(self, x):
+        h1 = 0.7 * self.h1.value + bc.conv(x, self.K1.value, strides=1, padding='SAME')
+        h2 = 0.5 * self.h2.value + bc.conv(x, self.K2.value, strides=1, padding='SAME')
+        self.h1.value, self.h2.value = h1, h2
+        feat = jnp.concatenate([h1.reshape(h1.shape[0], -1), h2.reshape(h2.shape[0], -1)], 1)
+        return bc.dense(feat, self.W.value)
+
+
+def test_es_drtrl_infers_one_decay_per_op_and_is_exact_on_linear_layers():
+    model = TwoLeaky()
+    rng = np.random.default_rng(2)
+    xs = jnp.asarray(rng.normal(size=(9, 2, 2, 7)))
+    targets = jnp.asarray(rng.normal(size=(9, 2, 2)))
+    learner = bc.ES_D_RTRL(model)
+    errors = compare(model, learner, xs, targets, lambda o, t: jnp.sum((o - t) ** 2))
+    assert max(errors.values()) < EXACT, errors
+    rows = methods(learner)
+    assert 'decay 0.7, inferred' in rows['K1'] and 'decay 0.5, inferred' in rows['K2']
+
+
+def test_es_drtrl_infers_the_membrane_decay_of_a_spiking_neuron():
+    model = OneLayer('subtract')
+    xs, labels = spikes_and_labels((3, 6, 6, 2), T=3)
+    learner = bc.ES_D_RTRL(model)
+    learner.value_and_grad(xent, xs, labels)
+    assert 'decay 0.9, inferred' in methods(learner)['K']
+
+
+@pytest.mark.parametrize('decay', [0.9, np.float32(0.9), np.float64(0.9), jnp.float32(0.9),
+                                   jnp.asarray(0.9), 1])
+def test_es_drtrl_accepts_any_real_scalar_decay(decay):
+    assert bc.ES_D_RTRL(OneLayer('subtract'), decay=decay).decay == pytest.approx(0.9 if decay != 1 else 1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize('decay', [0, 1.5, -0.2, True, 'fast', [0.9], np.ones(2), 0.5 + 0.1j])
+def test_es_drtrl_rejects_bad_decays(decay):
+    with pytest.raises(ValueError, match='decay'):
+        bc.ES_D_RTRL(OneLayer('subtract'), decay=decay)
+
+
+# ----------------------------------------------------------------------------- rejections
+class MaxPoolBetween(OneLayer):
+    def update(self, x):
+        y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
+                    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+        y = lax.reduce_window(y, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 1, 1, 1), 'SAME')
+        v = 0.9 * self.h.value + y
+        s = spike(v - 1.0)
+        self.h.value = v - s
+        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
+
+
+@pytest.mark.parametrize('make', [bc.D_RTRL, bc.ES_D_RTRL])
+def test_max_pooling_between_op_and_neuron_is_rejected_naming_it(make):
+    model = MaxPoolBetween('subtract')
+    xs, labels = spikes_and_labels((3, 6, 6, 2), T=2)
+    with pytest.raises(ValueError, match=r'reduce_window_max.*etp_conv #0 \(K, b\)'):
+        make(model).value_and_grad(xent, xs, labels)
