@@ -64,8 +64,8 @@ class TestEventDataset:
     @pytest.mark.parametrize(
         "events_shape, labels, num_classes, match",
         [
-            ((4, 3, 2, 5), [0, 1, 0, 1], 2, "events must have shape"),
-            ((4, 3, 3, 5, 5), [0, 1, 0, 1], 2, "events must have shape"),
+            ((4, 3), [0, 1, 0, 1], 2, r"events must have shape \(N, T, \*frame_shape\)"),
+            ((4,), [0, 1, 0, 1], 2, "a frame of at least one axis"),
             ((4, 3, 2, 5, 5), [[0, 1, 0, 1]], 2, "labels must have shape"),
             ((4, 3, 2, 5, 5), [0, 1, 0], 2, "same length"),
             ((4, 3, 2, 5, 5), [0, 1, 2, 1], 2, r"labels must lie in \[0, 2\)"),
@@ -78,6 +78,17 @@ class TestEventDataset:
             EventDataset(
                 events=np.zeros(events_shape), labels=np.array(labels), num_classes=num_classes
             )
+
+    @pytest.mark.parametrize("frame_shape", [(700,), (1, 700), (2, 4, 5), (2, 3, 4, 5)])
+    def test_frames_of_any_rank(self, frame_shape):
+        events = np.random.default_rng(0).integers(0, 3, (6, 4) + frame_shape)
+        ds = EventDataset(events=events, labels=np.arange(6) % 2, num_classes=2)
+        assert ds.num_steps == 4 and ds.frame_shape == frame_shape
+        (xs, ys), = ds.batches(6, shuffle=False)
+        assert xs.shape == (4, 6) + frame_shape
+        np.testing.assert_array_equal(xs, np.swapaxes(events, 0, 1))
+        train, test = ds.split(0.5)
+        assert train.frame_shape == test.frame_shape == frame_shape
 
     def test_rejects_wrong_types(self):
         events = np.zeros((2, 1, 2, 3, 3))
@@ -488,7 +499,7 @@ class TestEventsToFrames:
         "records, dtype, error, match",
         [
             (None, None, TypeError, "structured array"),
-            ([(0, 0, 0)], [("x", int), ("y", int), ("t", int)], ValueError, r"field\(s\) \['p'\]"),
+            ([(0, 0, 0)], [("x", int), ("y", int), ("t", int)], ValueError, r"missing \['p'\]"),
             ([(3, 0, 0, 1)], EVENT_DTYPE, ValueError, r"'x' must lie in \[0, 3\)"),
             ([(0, 2, 0, 1)], EVENT_DTYPE, ValueError, r"'y' must lie in \[0, 2\)"),
             ([(0.5, 0, 0, 1)], FLOAT_X_DTYPE, ValueError, "integer pixel coordinates"),
@@ -504,11 +515,12 @@ class TestEventsToFrames:
     @pytest.mark.parametrize(
         "kwargs, error, match",
         [
-            ({"n_time_bins": 2, "time_window_us": 5.0}, ValueError, "exactly one of"),
-            ({"n_time_bins": None}, ValueError, "exactly one of"),
+            ({"time_window_us": 5.0, "event_count": 3}, ValueError, "at most one of"),
+            ({"n_time_bins": None}, ValueError, "give n_time_bins, time_window_us or"),
             ({"n_time_bins": 0}, ValueError, "n_time_bins must be positive"),
             ({"n_time_bins": None, "time_window_us": -1.0}, ValueError, "time_window_us must be"),
-            ({"sensor_size": (3, 2)}, TypeError, r"sensor_size must be a \(W, H, P\)"),
+            ({"sensor_size": (3, 2)}, ValueError, r"need sensor_size \(X, Y, P\)"),
+            ({"sensor_size": 3}, TypeError, r"sensor_size must be \(X, P\), \(X, Y, P\)"),
             ({"sensor_size": (3, 2, 4)}, ValueError, "must be 1 or 2"),
         ],
     )

@@ -2,12 +2,13 @@
 
 Layout
 ------
-One sample is a float32 array of shape ``(T, 2, H, W)``: ``T`` time steps,
-two polarity channels (0 = ON, brightness increase; 1 = OFF, brightness
-decrease), ``H`` rows and ``W`` columns. Entries are event counts per pixel,
-channel and time step, usually 0 or 1. :class:`EventDataset` stores ``N``
-samples as ``(N, T, 2, H, W)`` with int32 labels ``(N,)`` and yields
-time-major batches ``xs`` of shape ``(T, B, 2, H, W)`` with labels ``(B,)``.
+One sample is a float32 array of event counts of shape ``(T, *frame_shape)``:
+``T`` time steps, then one frame with the polarity channels first --
+``(P, X)`` for audio-like sensors (SHD: ``(1, 700)``), ``(2, H, W)`` for DVS
+cameras (channel 0 = ON, brightness increase; 1 = OFF). Datasets yield
+time-major batches ``xs`` of shape ``(T, B, *frame_shape)`` with int32
+labels ``(B,)``: :class:`EventDataset` from frames held in memory,
+:class:`StreamingEventDataset` from recordings binned on demand.
 
 Sources
 -------
@@ -17,13 +18,26 @@ Sources
 :func:`digits_saccades`
     scikit-learn's 8x8 digits seen by a simulated DVS camera making three
     saccades (N-MNIST style).
-:func:`events_to_frames`, :func:`from_tonic`, :func:`from_directory`
-    Binning of recorded events in tonic's structured-array format.
+:func:`synthetic_shd`
+    Spoken-word spike trains over 700 cochlear channels (SHD-like), with
+    the raw events in tonic's format.
+:func:`events_to_frames`
+    Binning of recorded events in tonic's structured-array format, any
+    spatial rank, by time window, number of bins or event count.
+:func:`from_tonic`, :func:`from_directory`, :func:`stream_tonic`, :func:`stream_directory`
+    Labelled collections of recordings, in memory or streamed.
 """
 
-from .dataset import EventDataset
+from .dataset import EventDataset, FrameDataset
 from .digits import digits_saccades, saccade_path
-from .event_files import events_to_frames, from_directory, from_tonic
+from .event_files import (
+    from_directory,
+    from_tonic,
+    load_event_file,
+    stream_directory,
+    stream_tonic,
+)
+from .frames import events_to_frames
 from .moving_bars import (
     DIRECTION_NAMES,
     MotionScenes,
@@ -32,18 +46,26 @@ from .moving_bars import (
     render_scenes,
     sample_scenes,
 )
+from .spoken_digits import synthetic_shd
+from .streaming import StreamingEventDataset
 
 __all__ = [
     "DIRECTION_NAMES",
     "EventDataset",
+    "FrameDataset",
     "MotionScenes",
+    "StreamingEventDataset",
     "digits_saccades",
     "dvs_events",
     "events_to_frames",
     "from_directory",
     "from_tonic",
+    "load_event_file",
     "moving_bars",
     "render_scenes",
     "sample_scenes",
     "saccade_path",
+    "stream_directory",
+    "stream_tonic",
+    "synthetic_shd",
 ]
