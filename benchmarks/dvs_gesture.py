@@ -1,0 +1,219 @@
+"""Time per step and peak memory of BPTT, D-RTRL and ES-D-RTRL on a DVS-Gesture-sized net.
+
+Workload: batch 16 of 2x64x64 Bernoulli(p=0.05) spike frames (DVS128 Gesture
+pooled by 2), 11 classes, cross-entropy at every step, float32:
+
+    conv 5x5 stride 2,  2 -> 16, LIF                 16 x 32 x 32
+    conv 3x3,          16 -> 32, LIF, avg-pool 2     32 x 16 x 16
+    conv 3x3,          32 -> 64, LIF, avg-pool 2     64 x  8 x  8
+    conv 3x3,          64 -> 64, LIF, avg-pool 2     64 x  4 x  4
+    dense 1024 -> 11 (class scores every step)
+
+Pooling follows each LIF, so every conv drives its own neuron directly.
+Every (algorithm, T) runs in a fresh process and reports: compile time,
+median wall time per step over ``--repeats`` sequences, XLA's memory
+analysis of the compiled sequence (``learner.lower(...)``: temporaries, and
+the total of arguments, outputs and temporaries), the device's measured peak
+where JAX reports one (GPUs), and the process peak RSS. Per algorithm, a
+least-squares line through the XLA totals over T gives the memory per step;
+the largest T fitting in ``--budget-gib`` (24 GiB by default) is predicted
+from that line (it is measured only if a run exceeds the budget). The
+totals include the input sequence itself, 0.5 MiB per step at batch 16,
+which the online executors could avoid by feeding chunks to ``advance``.
+
+    python benchmarks/dvs_gesture.py                       # T in 25 50 100 200
+    python benchmarks/dvs_gesture.py --T 4 --quick         # smoke test
+
+Prints a Markdown table and writes JSON (default benchmarks/results/dvs_gesture.json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ALGORITHMS = ('bptt', 'es-d-rtrl', 'd-rtrl')
+BATCH, IN_SHAPE, NUM_CLASSES, TAU = 16, (2, 64, 64), 11, 20.0
+GIB = 2**30
+
+
+def _model():
+    import brainstate
+
+    from braintrace_conv import nn
+
+    class GestureNet(brainstate.nn.Module):
+        """The conv stack of the module docstring, channels first."""
+
+        def __init__(self):
+            super().__init__()
+            cf = dict(layout='channels_first')
+            self.conv1 = nn.Conv2d(2, 16, 5, stride=2, **cf)
+            self.lif1 = nn.LIF((16, 32, 32), tau=TAU)
+            self.conv2 = nn.Conv2d(16, 32, 3, **cf)
+            self.lif2 = nn.LIF((32, 32, 32), tau=TAU)
+            self.conv3 = nn.Conv2d(32, 64, 3, **cf)
+            self.lif3 = nn.LIF((64, 16, 16), tau=TAU)
+            self.conv4 = nn.Conv2d(64, 64, 3, **cf)
+            self.lif4 = nn.LIF((64, 8, 8), tau=TAU)
+            self.pool = nn.AvgPool2d(2, **cf)
+            self.flatten = nn.Flatten()
+            self.fc = nn.Linear(64 * 4 * 4, NUM_CLASSES)
+
+        def update(self, x):                                    # (B, 2, 64, 64)
+            h = self.lif1(self.conv1(x))                        # (B, 16, 32, 32)
+            h = self.pool(self.lif2(self.conv2(h)))             # (B, 32, 16, 16)
+            h = self.pool(self.lif3(self.conv3(h)))             # (B, 64, 8, 8)
+            h = self.pool(self.lif4(self.conv4(h)))             # (B, 64, 4, 4)
+            return self.fc(self.flatten(h))                     # (B, 11)
+
+    return GestureNet()
+
+
+def _worker(algorithm: str, T: int, repeats: int) -> dict:
+    import brainstate
+    import jax
+    import jax.numpy as jnp
+
+    import braintrace_conv as bc
+
+    brainstate.random.seed(0)
+    model = _model()
+    rng = np.random.default_rng(0)
+    xs = jnp.asarray(rng.random((T, BATCH) + IN_SHAPE) < 0.05, jnp.float32)
+    labels = jnp.asarray(np.broadcast_to(rng.integers(0, NUM_CLASSES, BATCH), (T, BATCH)))
+
+    def loss_fn(scores, label):
+        return -jnp.mean(jax.nn.log_softmax(scores)[jnp.arange(scores.shape[0]), label])
+
+    learner = {'bptt': lambda: bc.BPTT(model), 'd-rtrl': lambda: bc.D_RTRL(model),
+               'es-d-rtrl': lambda: bc.ES_D_RTRL(model, math.exp(-1 / TAU))}[algorithm]()
+    start = time.perf_counter()
+    memory = learner.lower(loss_fn, xs, labels).compile().memory_analysis()
+    compile_s = time.perf_counter() - start
+    loss, grads = learner.value_and_grad(loss_fn, xs, labels)    # warm-up (and jit cache)
+    jax.block_until_ready(grads)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        loss, grads = learner.value_and_grad(loss_fn, xs, labels)
+        jax.block_until_ready(grads)
+        times.append(time.perf_counter() - start)
+    stats = jax.devices()[0].memory_stats() or {}
+    xla_total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                 + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+    return dict(algorithm=algorithm, T=T, device=jax.devices()[0].device_kind,
+                compile_s=compile_s, times_s=times, s_per_step=float(np.median(times)) / T,
+                xla_temp_mib=memory.temp_size_in_bytes / 2**20, xla_total_mib=xla_total / 2**20,
+                device_peak_mib=(stats['peak_bytes_in_use'] / 2**20
+                                 if 'peak_bytes_in_use' in stats else None),
+                peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                trace_mib=learner.report().trace_bytes / 2**20, loss=float(loss))
+
+
+def _run(algorithm: str, T: int, repeats: int) -> dict:
+    cmd = [sys.executable, __file__, '--worker', algorithm, str(T), str(repeats)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f'{algorithm} T={T} failed:\n{proc.stderr[-3000:]}')
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def largest_T(lengths, totals_mib, budget_gib: float) -> dict:
+    """Largest T whose XLA total fits in the budget, from a line through the measurements.
+
+    Returns the fitted ``mib_per_step`` and ``base_mib`` and ``largest_T``:
+    an int, ``None`` when memory does not grow with T (any length fits,
+    if the base does), or 0 when even the base exceeds the budget. With a
+    single length the slope cannot be measured and ``largest_T`` is None.
+    """
+    budget = budget_gib * 1024
+    lengths, totals = np.asarray(lengths, float), np.asarray(totals_mib, float)
+    if len(set(lengths)) < 2:
+        return dict(mib_per_step=None, base_mib=float(totals.max()), largest_T=None,
+                    how='not predicted: needs two or more lengths')
+    slope, base = np.polyfit(lengths, totals, 1)
+    measured_over = lengths[totals > budget]
+    if measured_over.size:
+        fits = lengths[totals <= budget]
+        return dict(mib_per_step=float(slope), base_mib=float(base),
+                    largest_T=int(fits.max()) if fits.size else 0,
+                    how=f'measured: T={int(measured_over.min())} exceeds the budget')
+    # Growth below 1 KiB per step is within the noise of XLA's buffer assignment.
+    if slope * 1024 < 1:
+        return dict(mib_per_step=float(slope), base_mib=float(base),
+                    largest_T=None if base <= budget else 0,
+                    how='predicted: memory does not grow with T')
+    return dict(mib_per_step=float(slope), base_mib=float(base),
+                largest_T=int((budget - base) // slope) if base <= budget else 0,
+                how='predicted from the fitted per-step slope')
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--T', type=int, nargs='+', default=[25, 50, 100, 200],
+                        help='sequence lengths')
+    parser.add_argument('--algorithms', nargs='+', choices=ALGORITHMS, default=list(ALGORITHMS))
+    parser.add_argument('--repeats', type=int, default=3, help='timed sequences per run')
+    parser.add_argument('--quick', action='store_true', help='one timed sequence per run')
+    parser.add_argument('--budget-gib', type=float, default=24.0)
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'dvs_gesture.json'))
+    parser.add_argument('--worker', nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        algorithm, T, repeats = args.worker
+        print(json.dumps(_worker(algorithm, int(T), int(repeats))))
+        return 0
+    if min(args.T) <= 0 or args.repeats <= 0 or args.budget_gib <= 0:
+        parser.error('--T, --repeats and --budget-gib must be positive')
+    repeats = 1 if args.quick else args.repeats
+    rows = []
+    for algorithm in args.algorithms:
+        for T in sorted(set(args.T)):
+            row = _run(algorithm, T, repeats)
+            rows.append(row)
+            print(f"  {algorithm:>9} T={T:<5} {1e3 * row['s_per_step']:.1f} ms/step  "
+                  f"XLA total {row['xla_total_mib']:.0f} MiB", file=sys.stderr, flush=True)
+    fits = {a: largest_T([r['T'] for r in rows if r['algorithm'] == a],
+                         [r['xla_total_mib'] for r in rows if r['algorithm'] == a],
+                         args.budget_gib)
+            for a in args.algorithms}
+    print(f'DVS-Gesture-sized net, batch {BATCH}, device {rows[0]["device"]}\n')
+    print('| algorithm | T | compile s | ms / step | XLA temp MiB | XLA total MiB | '
+          'device peak MiB | peak RSS MiB | trace MiB |')
+    print('|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+    for r in rows:
+        peak = '-' if r['device_peak_mib'] is None else f"{r['device_peak_mib']:.0f}"
+        print(f"| {r['algorithm']} | {r['T']} | {r['compile_s']:.1f} | "
+              f"{1e3 * r['s_per_step']:.1f} | {r['xla_temp_mib']:.1f} | "
+              f"{r['xla_total_mib']:.1f} | {peak} | {r['peak_rss_mib']:.0f} | "
+              f"{r['trace_mib']:.1f} |")
+    print(f'\n| algorithm | XLA MiB per step | largest T in {args.budget_gib:g} GiB | how |')
+    print('|---|---:|---:|---|')
+    for a, fit in fits.items():
+        per_step = '-' if fit['mib_per_step'] is None else f"{fit['mib_per_step']:.2f}"
+        largest = ('any' if fit['largest_T'] is None and fit['mib_per_step'] is not None
+                   else '-' if fit['largest_T'] is None else str(fit['largest_T']))
+        print(f"| {a} | {per_step} | {largest} | {fit['how']} |")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, 'w') as f:
+        json.dump(dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
+                                    python=platform.python_version()),
+                       workload=dict(batch=BATCH, in_shape=IN_SHAPE, classes=NUM_CLASSES,
+                                     tau_ms=TAU, budget_gib=args.budget_gib),
+                       rows=rows, largest_T=fits), f, indent=2)
+    print(f'wrote {args.out}', file=sys.stderr)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
