@@ -167,7 +167,7 @@ def spike_raster(spikes, *, dt=None, max_neurons: Optional[int] = None, ax=None,
     times, unit = _time_axis(spikes.shape[0], dt)
     t_idx, n_idx = np.nonzero(spikes)
     ax = _new_axes(ax, (7, 3))
-    kwargs = dict(s=4, marker='|' if spikes.shape[1] <= 200 else '.', color='k', linewidths=1)
+    kwargs = dict(s=10, marker='|', color='k', linewidths=1)
     kwargs.update(scatter_kwargs)
     ax.scatter(times[t_idx], n_idx, **kwargs)
     half = 0.5 * (times[1] - times[0] if len(times) > 1 else 1.0)
@@ -179,8 +179,8 @@ def spike_raster(spikes, *, dt=None, max_neurons: Optional[int] = None, ax=None,
 
 
 def membrane_trace(v, *, threshold=None, spikes=None, dt=None, labels=None, ax=None,
-                   title: Optional[str] = None):
-    """Membrane potential of a few neurons over time.
+                   ylabel: str = 'V', title: Optional[str] = None):
+    """Membrane potential (or any state, e.g. a synaptic current) of a few neurons over time.
 
     Parameters
     ----------
@@ -198,6 +198,8 @@ def membrane_trace(v, *, threshold=None, spikes=None, dt=None, labels=None, ax=N
         Legend entries.
     ax : matplotlib Axes, optional
         Where to draw (default: a new figure).
+    ylabel : str, default 'V'
+        Name on the vertical axis; the unit of ``v`` is appended.
     title : str, optional
         Axes title.
 
@@ -212,17 +214,12 @@ def membrane_trace(v, *, threshold=None, spikes=None, dt=None, labels=None, ax=N
         ``threshold`` and ``v`` have different dimensions.
     """
     unit = u.get_unit(v) if isinstance(v, u.Quantity) else None
-    values = _array('v', u.get_mantissa(v) if unit is not None else v, (1, 2))
-    values = values.reshape(values.shape[0], -1)
+    raw = _array('v', u.get_mantissa(v) if unit is not None else v, (1, 2))
+    values = raw.reshape(raw.shape[0], -1)
     times, time_unit = _time_axis(values.shape[0], dt)
-    ax = _new_axes(ax, (7, 3))
-    lines = ax.plot(times, values, lw=1.2)
-    if labels is not None:
-        if len(labels) != values.shape[1]:
-            raise ValueError(f'labels must name the {values.shape[1]} traces, got {len(labels)}.')
-        for line, name in zip(lines, labels):
-            line.set_label(name)
-        ax.legend(fontsize=8)
+    if labels is not None and len(labels) != values.shape[1]:
+        raise ValueError(f'labels must name the {values.shape[1]} traces, got {len(labels)}.')
+    level = None
     if threshold is not None:
         if unit is not None:
             u.fail_for_dimension_mismatch(threshold, v, 'threshold must have the unit of v')
@@ -232,16 +229,27 @@ def membrane_trace(v, *, threshold=None, spikes=None, dt=None, labels=None, ax=N
                 f'threshold has unit {u.get_unit(threshold)} but v is a plain array.')
         else:
             level = float(threshold)
-        ax.axhline(level, color='0.4', ls='--', lw=1, label='threshold')
+    marks = None
     if spikes is not None:
-        marks = _array('spikes', spikes, (1, 2)).reshape(values.shape[0], -1)
-        if marks.shape != values.shape:
-            raise ValueError(f'spikes must have the shape of v, {values.shape}, got '
-                             f'{marks.shape}.')
+        marks = _array('spikes', spikes, (1, 2))
+        if marks.shape != raw.shape:
+            raise ValueError(f'spikes must have the shape of v, {raw.shape}, got {marks.shape}.')
+        marks = marks.reshape(values.shape)
+
+    ax = _new_axes(ax, (7, 3))
+    lines = ax.plot(times, values, lw=1.2)
+    if level is not None:
+        ax.axhline(level, color='0.4', ls='--', lw=1, label='threshold')
+    if marks is not None:
         for k, line in enumerate(lines):
             hit = marks[:, k] != 0
             ax.plot(times[hit], values[hit, k], 'v', color=line.get_color(), ms=5)
-    ax.set(xlabel=_time_label(time_unit), ylabel=f'V ({unit})' if unit is not None else 'V')
+    if labels is not None:
+        for line, name in zip(lines, labels):
+            line.set_label(name)
+        ax.legend(handles=lines, fontsize=8)
+    ax.set(xlabel=_time_label(time_unit),
+           ylabel=ylabel if unit is None else f'{ylabel} ({unit})')
     if title:
         ax.set_title(title)
     return ax
@@ -280,17 +288,18 @@ def learning_curve(history: Sequence[Mapping], *, x: str = 'epoch',
     if any(x not in r for r in records):
         raise ValueError(f'every record of history must have the x key {x!r}; keys of the first '
                          f'record: {sorted(records[0])}.')
+    present = [[k for k in keys if any(k in r for r in records)] for keys in panels]
+    for keys, found in zip(panels, present):
+        if not found:
+            raise ValueError(f'no record of history has any of the keys {list(keys)}.')
     fig = _pyplot().figure(figsize=(4.5 * len(panels), 3.2), layout='constrained')
     axes = np.atleast_1d(fig.subplots(1, len(panels), squeeze=False)).ravel()
-    for ax, keys in zip(axes, panels):
-        present = [k for k in keys if any(k in r for r in records)]
-        if not present:
-            raise ValueError(f'no record of history has any of the keys {list(keys)}.')
-        for key in present:
+    for ax, keys in zip(axes, present):
+        for key in keys:
             pts = [(r[x], r[key]) for r in records if key in r]
             ax.plot(*zip(*pts), 'o-', ms=3, label=key.replace('_', ' '))
         ax.set(xlabel=x.replace('_', ' '))
-        if any('accuracy' in k for k in present):
+        if any('accuracy' in k for k in keys):
             ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -49,6 +49,7 @@ def test_event_frames_titles_carry_the_time_unit():
 def test_event_frames_rejects_bad_input(events, kwargs, match):
     with pytest.raises(ValueError, match=match):
         plot.event_frames(events, **kwargs)
+    assert not plt.get_fignums()                     # nothing drawn for bad input
 
 
 # ----------------------------------------------------------------------------- raster
@@ -76,6 +77,7 @@ def test_spike_raster_keeps_only_the_first_neurons():
 def test_spike_raster_rejects_bad_input(spikes, kwargs, err, match):
     with pytest.raises(err, match=match):
         plot.spike_raster(spikes, **kwargs)
+    assert not plt.get_fignums()                     # nothing drawn for bad input
 
 
 # ----------------------------------------------------------------------------- membrane
@@ -100,6 +102,11 @@ def test_membrane_trace_of_one_plain_neuron():
     assert len(ax.lines[0].get_ydata()) == 5 and ax.get_ylabel() == 'V'
 
 
+def test_membrane_trace_names_other_states_with_their_unit():
+    ax = plot.membrane_trace(np.ones((3, 2)) * u.nA, ylabel='I')
+    assert ax.get_ylabel() == 'I (nA)'
+
+
 @pytest.mark.parametrize('v, kwargs, err, match', [
     (np.zeros((4, 2)) * u.mV, dict(threshold=1 * u.ms), u.DimensionMismatchError,
      'threshold must have the unit of v'),
@@ -111,6 +118,7 @@ def test_membrane_trace_of_one_plain_neuron():
 def test_membrane_trace_rejects_bad_input(v, kwargs, err, match):
     with pytest.raises(err, match=match):
         plot.membrane_trace(v, **kwargs)
+    assert not plt.get_fignums()                     # nothing drawn for bad input
 
 
 # ----------------------------------------------------------------------------- curves
@@ -140,6 +148,7 @@ def test_learning_curve_with_custom_keys():
 def test_learning_curve_rejects_bad_input(history, kwargs, match):
     with pytest.raises(ValueError, match=match):
         plot.learning_curve(history, **kwargs)
+    assert not plt.get_fignums()                     # nothing drawn for bad input
 
 
 # ----------------------------------------------------------------------------- fidelity
@@ -189,3 +198,4 @@ def test_fidelity_bars_one_group_per_method():
 def test_fidelity_bars_rejects_bad_input(fid, kwargs, match):
     with pytest.raises(ValueError, match=match):
         plot.fidelity_bars(fid, **kwargs)
+    assert not plt.get_fignums()                     # nothing drawn for bad input
