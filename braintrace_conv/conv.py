@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -57,13 +58,24 @@ def _bias_shape(rank: int, channel_axis: int, out_ch: int):
     return shape
 
 
-def _conv_impl(x, kernel, *bias, has_bias, **p):
+def _conv_impl(x, kernel, *bias, has_bias, pool=None, **p):
     y = _lax_conv(x, kernel, p)
     if has_bias:
         (b,) = bias
         channel_axis = p['dimension_numbers'].out_spec[1]
         y = y + jnp.reshape(b, _bias_shape(y.ndim, channel_axis, b.shape[0])).astype(y.dtype)
-    return y
+    return y if pool is None else _pool(y, pool)
+
+
+def _pool(y, pool):
+    """``scale * reduce_window_sum(y)``: sum/average pooling folded into the op.
+
+    ``pool = (window, strides, padding, scale)`` in the output layout, with
+    window 1 on the batch and channel axes (so it mixes positions only).
+    """
+    window, strides, padding, scale = pool
+    pooled = lax.reduce_window(y, np.zeros((), y.dtype), lax.add, window, strides, padding)
+    return pooled * jnp.asarray(scale, y.dtype)
 
 
 def _trainable_invars(params):
@@ -147,13 +159,29 @@ def _yw_to_w(hidden_dim, trace, **p):
     return out
 
 
+def _pooled_patches(patches, p):
+    """Patches ``(G, N, *S, P)`` pooled like the output: what a pooled output sees."""
+    window, strides, padding, scale = p['pool']
+    spatial = p['dimension_numbers'].out_spec[2:]
+    at = lambda seq, fill: (fill, fill, *[seq[a] for a in spatial], fill)
+    return _pool(patches, (at(window, 1), at(strides, 1), at(padding, (0, 0)), scale))
+
+
 def _xdf_to_trace(x, hidden_dim, weights, **p):
-    """Instantaneous term ``Df^t[b,s,k,:] * P[b,s,k,u,c]`` for ``hidden_dim = Df^t``."""
+    """Instantaneous term ``Df^t[b,s,k,:] * P[b,s,k,u,c]`` for ``hidden_dim = Df^t``
+    (with a folded pooling, ``P`` is the pooled patch)."""
     df_c = _out_to_canonical(hidden_dim, p, 1)                # (G, K/G, N, *S, n)
     patches = _patches(x, weights['weight'].shape, p)         # (G, N, *S, P)
+    if p.get('pool') is not None:
+        patches = _pooled_patches(patches, p)
     out = {'weight': df_c[..., None] * patches[:, None, ..., None, :].astype(df_c.dtype)}
     if p['has_bias']:
-        out['bias'] = hidden_dim
+        if p.get('pool') is None:
+            out['bias'] = hidden_dim
+        else:   # d y'/d b = the pooled count of the window at each output position
+            y = jax.eval_shape(lambda a, k: _lax_conv(a, k, p), x, weights['weight'])
+            count = _pool(jnp.ones(y.shape, hidden_dim.dtype), p['pool'])
+            out['bias'] = hidden_dim * count[..., None]
     return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax.numpy as jnp
 from jax import lax
 
 from .conv import etp_conv_p
@@ -32,7 +33,7 @@ def register_lift(primitive_name: str, rule: Callable, *, weight_operand: int) -
 
     Args:
       primitive_name: the JAX primitive's name, e.g. ``'conv_general_dilated'``.
-      rule: ``rule(operands, params) -> output or None``, binding an ETP primitive.
+      rule: ``rule(operands, params) -> (etp_primitive, operands, params) or None``.
       weight_operand: index of the operand that must be computed from parameters only.
     """
     _LIFTS[primitive_name] = (rule, int(weight_operand))
@@ -44,9 +45,8 @@ def lift_rule(primitive_name: str):
 
 
 def _lift_conv(operands, params):
-    x, kernel = operands
-    return etp_conv_p.bind(
-        x, kernel, has_bias=False, strides=tuple(params['window_strides']),
+    return etp_conv_p, list(operands), dict(
+        has_bias=False, strides=tuple(params['window_strides']),
         padding=tuple(tuple(p) for p in params['padding']),
         lhs_dilation=tuple(params['lhs_dilation']), rhs_dilation=tuple(params['rhs_dilation']),
         feature_group_count=params['feature_group_count'],
@@ -61,13 +61,14 @@ def _lift_dot(operands, params):
     (x_contract, w_contract), (x_batch, w_batch) = params['dimension_numbers']
     if x.ndim != 2 or w.ndim != 2 or x_batch or w_batch or tuple(x_contract) != (1,):
         return None
+    out_type = params.get('preferred_element_type')
+    if out_type is not None and out_type != jnp.result_type(x, w):
+        return None
     if tuple(w_contract) == (1,):
         w = lax.transpose(w, (1, 0))
     elif tuple(w_contract) != (0,):
         return None
-    y = etp_dense_p.bind(x, w, has_bias=False)
-    out_type = params.get('preferred_element_type')
-    return y if out_type is None or y.dtype == out_type else y.astype(out_type)
+    return etp_dense_p, [x, w], dict(has_bias=False)
 
 
 register_lift('conv_general_dilated', _lift_conv, weight_operand=1)

@@ -14,6 +14,7 @@ import pytest
 from jax import lax
 
 import braintrace_conv as bc
+from braintrace_conv import nn
 
 EXACT = 1e-6
 
@@ -403,3 +404,57 @@ def test_max_pooling_between_op_and_neuron_is_rejected_naming_it(make):
     xs, labels = spikes_and_labels((3, 6, 6, 2), T=2)
     with pytest.raises(ValueError, match=r'reduce_window_max.*etp_conv #0 \(K, b\)'):
         make(model).value_and_grad(xent, xs, labels)
+
+
+# ----------------------------------------------------------------------------- pooling
+class PoolBetween(OneLayer):
+    """conv -> linear pooling -> reset-after-spike LIF: average (brainstate.nn or ours), or a
+    padded sum pooling written with lax.reduce_window."""
+
+    def __init__(self, pool, seed=0):
+        super().__init__('subtract', seed)
+        self.pool = pool
+        if pool == 'brainstate-avg':
+            self.pool_layer = brainstate.nn.AvgPool2d(2, 2)
+        elif pool == 'ours-avg':
+            self.pool_layer = nn.AvgPool2d(2, stride=2, layout='channels_last')
+        self.out = 3 * 3 * 4 if pool != 'sum-same' else 6 * 6 * 4
+        rng = np.random.default_rng(seed + 1)
+        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(self.out, 3)) * 0.3))
+
+    def init_state(self, batch_size=None, **kw):
+        side = 6 if self.pool == 'sum-same' else 3
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, side, side, 4)))
+
+    def update(self, x):
+        y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
+                    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+        if self.pool == 'sum-same':
+            y = 0.5 * lax.reduce_window(y, 0.0, lax.add, (1, 3, 3, 1), (1, 1, 1, 1), 'SAME')
+        else:
+            y = self.pool_layer(y)
+        v = 0.9 * self.h.value + y
+        s = spike(v - 1.0)
+        self.h.value = v - s
+        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
+
+
+@pytest.mark.parametrize('pool', ['brainstate-avg', 'ours-avg', 'sum-same'])
+def test_linear_pooling_between_op_and_neuron_is_exact_in_drtrl(pool):
+    model = PoolBetween(pool)
+    xs, labels = spikes_and_labels((3, 6, 6, 2), T=8, p=0.6)
+    learner = bc.D_RTRL(model)
+    errors = compare(model, learner, xs, labels)
+    assert max(errors.values()) < EXACT, errors
+    assert methods(learner)['K'].startswith('exact trace (D-RTRL)')
+
+
+@pytest.mark.parametrize('pool', ['brainstate-avg', 'sum-same'])
+def test_linear_pooling_between_op_and_neuron_in_es_drtrl(pool):
+    model = PoolBetween(pool)
+    xs, labels = spikes_and_labels((3, 6, 6, 2), T=8, p=0.6)
+    learner = bc.ES_D_RTRL(model, decay=0.9)
+    errors = compare(model, learner, xs, labels)
+    assert errors['b'] < EXACT and errors['W'] < EXACT, errors
+    assert errors['K'] < 0.5, errors       # an approximation, but the right one
+    assert methods(learner)['K'].startswith('approximate trace (ES-D-RTRL, decay 0.9')

@@ -16,7 +16,11 @@ import brainstate
 import jax
 import jax.numpy as jnp
 
+import numpy as np
+
+from ..conv import etp_conv_p
 from ..lift import lift_rule
+from ..primitive import ETPPrimitive
 from .jaxpr import bind_eqn, dependency_sets, is_literal
 
 __all__ = ['TracedStep', 'trace_step']
@@ -170,7 +174,8 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
 
 def _lift_plain_ops(closed, n_hidden: int, n_params: int):
     """Re-trace ``closed`` with plain ops rebound as ETP ops where a lift rule applies
-    (weight operand from parameters only, data operand from states or inputs)."""
+    (weight operand from parameters only, data operand from states or inputs), and
+    sum/average pooling right after a convolution folded into it."""
     jaxpr = closed.jaxpr
     deps = dependency_sets(jaxpr, n_hidden, n_params)
     params_only = lambda v: is_literal(v) or not (deps.get(v, frozenset()) & {'h', 'x', 'y'})
@@ -183,19 +188,80 @@ def _lift_plain_ops(closed, n_hidden: int, n_params: int):
         others = [v for p, v in enumerate(eqn.invars) if p != w]
         if params_only(eqn.invars[w]) and not all(params_only(v) for v in others):
             lifts[i] = rule
-    if not lifts:
+    convs = {i for i, e in enumerate(jaxpr.eqns)
+             if e.primitive is etp_conv_p or (i in lifts and e.primitive.name == 'conv_general_dilated')}
+    folds = _pool_folds(jaxpr, convs)
+    if not lifts and not folds:
         return closed
 
     def run(*args):
         env = dict(zip(jaxpr.constvars, closed.consts))
         env.update(zip(jaxpr.invars, args))
         read = lambda v: v.val if is_literal(v) else env[v]
+        pending, skip = {}, set()
         for i, eqn in enumerate(jaxpr.eqns):
+            if i in skip:
+                continue
+            if i in pending:                   # the pooling of a folded convolution
+                (prim, operands, params), (_, scale_eqn, pool) = pending.pop(i)
+                out = prim.bind(*operands, **params, pool=pool)
+                last = jaxpr.eqns[scale_eqn] if scale_eqn is not None else eqn
+                skip.add(scale_eqn)
+                env[last.outvars[0]] = out
+                continue
             invals = [read(v) for v in eqn.invars]
-            out = lifts[i](invals, eqn.params) if i in lifts else None
-            outs = [out] if out is not None else bind_eqn(eqn, invals)
+            bound = lifts[i](invals, eqn.params) if i in lifts else None
+            if bound is None and isinstance(eqn.primitive, ETPPrimitive):
+                bound = eqn.primitive, invals, dict(eqn.params)
+            if i in folds:                     # bind later, with the pooling
+                pending[folds[i][0]] = (bound, folds[i])
+                continue
+            outs = [bound[0].bind(*bound[1], **bound[2])] if bound is not None \
+                else bind_eqn(eqn, invals)
             env.update(zip(eqn.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
 
     specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars]
     return jax.make_jaxpr(run)(*specs)
+
+
+def _pool_folds(jaxpr, convs) -> dict:
+    """``{conv eqn: (reduce_window eqn, scale eqn or None, pool)}`` for a convolution whose
+    only reader is a ``reduce_window_sum`` over spatial axes, optionally followed by a
+    multiplication or division by a constant scalar (average pooling)."""
+    readers = {}
+    for j, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if not is_literal(v):
+                readers.setdefault(v, []).append(j)
+    outs = {v for v in jaxpr.outvars if not is_literal(v)}
+    only_reader = lambda v: readers.get(v, [None])[0] if len(readers.get(v, [])) == 1 \
+        and v not in outs else None
+    folds = {}
+    for i in sorted(convs):
+        eqn = jaxpr.eqns[i]
+        if eqn.params.get('pool') is not None:
+            continue
+        j = only_reader(eqn.outvars[0])
+        if j is None or jaxpr.eqns[j].primitive.name != 'reduce_window_sum':
+            continue
+        rw = jaxpr.eqns[j].params
+        spec = eqn.params['dimension_numbers'].out_spec
+        window, strides = tuple(rw['window_dimensions']), tuple(rw['window_strides'])
+        padding = tuple(tuple(p) for p in rw['padding'])
+        if any(d != 1 for d in (*rw['base_dilation'], *rw['window_dilation'])) or \
+                any(window[a] != 1 or strides[a] != 1 or padding[a] != (0, 0) for a in spec[:2]):
+            continue
+        scale, k = 1.0, only_reader(jaxpr.eqns[j].outvars[0])
+        if k is not None and jaxpr.eqns[k].primitive.name in ('mul', 'div'):
+            a, b = jaxpr.eqns[k].invars
+            c = b if a is jaxpr.eqns[j].outvars[0] else a
+            if is_literal(c) and np.ndim(c.val) == 0 and \
+                    (jaxpr.eqns[k].primitive.name == 'mul' or b is c):
+                scale = float(c.val) if jaxpr.eqns[k].primitive.name == 'mul' else 1.0 / float(c.val)
+            else:
+                k = None
+        else:
+            k = None
+        folds[i] = (j, k, (window, strides, padding, scale))
+    return folds
