@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import saiunit as u
 from jax import lax
 
 import braintrace_conv as bc
@@ -458,3 +459,34 @@ def test_linear_pooling_between_op_and_neuron_in_es_drtrl(pool):
     assert errors['b'] < EXACT and errors['W'] < EXACT, errors
     assert errors['K'] < 0.5, errors       # an approximation, but the right one
     assert methods(learner)['K'].startswith('approximate trace (ES-D-RTRL, decay 0.9')
+
+
+# ----------------------------------------------------------------------------- units
+class UnitNet(brainstate.nn.Module):
+    """Unit-carrying conv weights (mV) driving a LIF with tau and threshold in physical units."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, layout='channels_first',
+                              w_init=nn.FanInNormal(4.0, unit=u.mV))
+        self.lif = nn.LIF((3, 6, 6), tau=5 * u.ms, V_th=1 * u.mV)
+        self.flat, self.readout = nn.Flatten(), nn.Linear(108, 3)
+
+    def update(self, x):
+        return self.readout(self.flat(self.lif(self.conv(x))))
+
+
+@pytest.mark.parametrize('make', [bc.D_RTRL, bc.ES_D_RTRL, bc.BPTT])
+def test_gradients_of_quantity_parameters_carry_the_inverse_unit(make):
+    brainstate.random.seed(0)
+    model = UnitNet()
+    xs, labels = spikes_and_labels((2, 2, 6, 6), T=6)
+    loss = lambda out, label: xent(u.get_mantissa(out), label)
+    _, ref = bc.BPTT(model).value_and_grad(loss, xs, labels)
+    _, grads = make(model).value_and_grad(loss, xs, labels)
+    is_q = lambda v: isinstance(v, u.Quantity)
+    for name in ('weight', 'bias'):
+        g = grads['conv', name]
+        assert is_q(g) and g.unit == u.mV ** -1, g
+        if make is not bc.ES_D_RTRL or name == 'bias':
+            assert rel_err(g.mantissa, ref['conv', name].mantissa) < EXACT

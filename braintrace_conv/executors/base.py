@@ -13,8 +13,10 @@ time step. Two ways to use it:
 ``(T, B, ...)``; ``loss_fn(output_t, target_t)`` returns a scalar and the loss
 is the sum over steps. ``grads`` is keyed exactly like
 ``model.states(brainstate.ParamState)``; each value has the structure of the
-state's value (for a ``saiunit`` quantity: the derivative with respect to the
-mantissa, so an optax update applies to it directly).
+state's value. For a ``saiunit`` quantity parameter the gradient is a
+quantity in the inverse unit (``dL/dtheta``, the loss being unitless); its
+mantissa is the derivative with respect to the parameter's mantissa, which is
+what an optimiser updates.
 """
 from __future__ import annotations
 
@@ -206,7 +208,7 @@ class Learner(abc.ABC):
             step.param_leaves(), hidden, state, xs, targets)
         step.write_hidden(hidden)
         self._carry = (hidden, state)
-        grads = step.params_tree(grads)
+        grads = step.grads_tree(grads)
         return (loss, grads, outs) if return_outputs else (loss, grads)
 
     def _init_state(self, graph, hidden):

@@ -15,6 +15,7 @@ from typing import Any
 import brainstate
 import jax
 import jax.numpy as jnp
+import saiunit as u
 
 import numpy as np
 
@@ -77,6 +78,20 @@ class TracedStep:
         it = iter(leaves)
         return {key: jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
                 for key, tdef in zip(self.param_keys, self.param_treedefs)}
+
+    def grads_tree(self, leaves) -> dict:
+        """Gradient leaves -> dict keyed like ``model.states(ParamState)``.
+
+        A leaf is ``dL/d(mantissa)``; for a ``saiunit`` quantity parameter the
+        gradient is returned as a quantity in the inverse of its unit (the loss
+        being unitless), i.e. ``dL/dtheta`` with the same mantissa.
+        """
+        is_q = lambda v: isinstance(v, u.Quantity)
+        values = dict(zip(self.param_keys,
+                          [st.value for st in self._states(brainstate.ParamState, self.param_keys)]))
+        return {key: jax.tree.map(lambda v, g: u.Quantity(u.get_mantissa(g), unit=v.unit ** -1)
+                                  if is_q(v) else g, values[key], grad, is_leaf=is_q)
+                for key, grad in self.params_tree(leaves).items()}
 
     def observe(self, fn, hidden, params):
         """``fn(model)`` with the model's states set to ``hidden`` / ``params`` leaves
