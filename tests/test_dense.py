@@ -32,7 +32,7 @@ def float64():
 # Axis order of the kernel trace, as for conv (N batch, G group, K output channel within
 # the group, S spatial positions -- none for dense, P tap = input feature, n state);
 # a dense layer has a single group. Keep in step with conv.py.
-TRACE_LAYOUT = 'GKNSnP'
+TRACE_LAYOUT = 'GKNnPS'
 
 
 def _in_layout(parts):
