@@ -704,11 +704,12 @@ def test_init_rules_allocate_zeros(name, dtype, n):
         assert not np.asarray(arr).any()
 
 
-def test_trace_patches_are_extracted_at_highest_precision():
-    """Trace patches are copies of x; the convolution that extracts them must not round
-    float32 inputs (TF32 / bfloat16 passes are the default on some accelerators), whatever
-    precision the forward conv was given."""
-    cfg = make_cfg(2, 'channel_last', size=(4, 4), ksize=(2, 2), feature_group_count=2)
+def test_trace_patches_are_exact_copies_of_x():
+    """Trace patches are copies of x: they are extracted by padding and slicing, never by a
+    convolution (which rounds float32 inputs by default on some accelerators), and equal
+    lax's own patch extraction bit for bit."""
+    cfg = make_cfg(2, 'channel_last', size=(5, 4), ksize=(2, 3), feature_group_count=2,
+                   padding=((1, -1), (2, 0)), lhs_dilation=(2, 1), rhs_dilation=(1, 2))
     x, k, b = cfg.arrays(dtype=jnp.float32)
     eqn = jax.make_jaxpr(lambda *a: conv(*a, **cfg.kwargs(), precision='default'))(
         x, k, b).jaxpr.eqns[-1]
@@ -716,12 +717,15 @@ def test_trace_patches_are_extracted_at_highest_precision():
     df = jnp.ones(cfg.y_shape + (1,), jnp.float32)
     jaxpr = jax.make_jaxpr(lambda x, df: RULES['xdf_to_trace'](x, df, {'weight': k, 'bias': b},
                                                                 **params))(x, df)
-    convs = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'conv_general_dilated']
-    assert convs
-    for e in convs:
-        precision = e.params['precision']
-        lhs_precision = precision[0] if isinstance(precision, tuple) else precision
-        assert lhs_precision == lax.Precision.HIGHEST
+    assert not [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'conv_general_dilated']
+    from braintrace_conv.conv import _window_copies
+    dn = params['dimension_numbers']
+    x_c = jnp.transpose(x, dn.lhs_spec)
+    window = tuple(k.shape[i] for i in dn.rhs_spec[2:])
+    ref = lax.conv_general_dilated_patches(
+        x_c, window, params['strides'], params['padding'], lhs_dilation=params['lhs_dilation'],
+        rhs_dilation=params['rhs_dilation'], precision=lax.Precision.HIGHEST)
+    np.testing.assert_array_equal(_window_copies(x_c, window, params), ref)
 
 
 def test_rule_table_is_complete():
