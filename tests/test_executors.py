@@ -13,8 +13,8 @@ from jax import lax
 import braintrace_conv as bc
 from braintrace_conv.conv import etp_conv_p
 from braintrace_conv.primitive import register_primitive
+from snn_reference import EXACT, cosine, rel_err, spike, xent
 
-EXACT = 1e-6   # relative error bound where the theory says exact (float64)
 
 
 @pytest.fixture(autouse=True, scope='module')
@@ -25,15 +25,8 @@ def float64_params():
     brainstate.environ.set(precision=old)
 
 
-def rel_err(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
 
 
-def cosine(ga, gb):
-    a = np.concatenate([np.ravel(v) for v in jax.tree.leaves(ga)])
-    b = np.concatenate([np.ravel(v) for v in jax.tree.leaves(gb)])
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def assert_matches_bptt(model, learner, xs, targets, loss_fn, tol=EXACT):
@@ -344,19 +337,6 @@ def test_outputs_predict_and_reset_false():
 
 
 # ----------------------------------------------------------------------------- multi-layer
-def spike(x):
-    """Heaviside with a sigmoid surrogate derivative (slope 4)."""
-    @jax.custom_jvp
-    def heaviside(x):
-        return (x > 0).astype(x.dtype)
-
-    @heaviside.defjvp
-    def _jvp(primals, tangents):
-        (x,), (dx,) = primals, tangents
-        s = jax.nn.sigmoid(4.0 * x)
-        return heaviside(x), dx * 4.0 * s * (1 - s)
-
-    return heaviside(x)
 
 
 class SpikingConvNet(brainstate.nn.Module):
@@ -398,8 +378,6 @@ class SpikingConvNet(brainstate.nn.Module):
         return bc.dense(spike(v2 - 1.0).reshape(v2.shape[0], -1), self.W.value)
 
 
-def xent(out, label):
-    return -jnp.mean(jax.nn.log_softmax(out)[jnp.arange(out.shape[0]), label])
 
 
 # Cosine floors. Measured over 8 seeds of model and data (T=20, batch 4): minimum /

@@ -16,8 +16,8 @@ from jax import lax
 
 import braintrace_conv as bc
 from braintrace_conv import nn
+from snn_reference import EXACT, rel_err, spike, xent
 
-EXACT = 1e-6
 
 
 @pytest.fixture(autouse=True, scope='module')
@@ -29,28 +29,10 @@ def float64_params():
     brainstate.environ.set(precision=old)
 
 
-def rel_err(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
 
 
-def spike(x):
-    """Heaviside with a sigmoid surrogate derivative (slope 4), as users define it."""
-    @jax.custom_jvp
-    def heaviside(x):
-        return (x > 0).astype(x.dtype)
-
-    @heaviside.defjvp
-    def _jvp(primals, tangents):
-        (x,), (dx,) = primals, tangents
-        s = jax.nn.sigmoid(4.0 * x)
-        return heaviside(x), dx * 4.0 * s * (1 - s)
-
-    return heaviside(x)
 
 
-def xent(out, label):
-    return -jnp.mean(jax.nn.log_softmax(out)[jnp.arange(out.shape[0]), label])
 
 
 def spikes_and_labels(shape, T=10, seed=0, p=0.4):

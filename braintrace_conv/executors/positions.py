@@ -11,7 +11,6 @@ source (a reduction, a matmul, a convolution) *mixes* and stops the tracking.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
