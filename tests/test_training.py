@@ -1,4 +1,7 @@
-"""Trainer (per-sequence and truly online updates, evaluation, checkpoints, logs) and models."""
+"""Trainer (per-sequence and truly online updates, evaluation, checkpoints, logs) and models.
+
+Bad inputs are in test_training_bad_inputs.py, units in test_training_units.py,
+checkpoint files in test_checkpoint.py."""
 import json
 
 import brainstate
@@ -10,7 +13,9 @@ import pytest
 import braintrace_conv as bc
 from braintrace_conv.data import EventDataset, moving_bars
 from braintrace_conv.models import recurrent_conv_snn, standard_benchmark_snn
-from braintrace_conv.training import CHECKPOINT_NAME, CURVE_NAME, METRICS_NAME, Trainer
+from braintrace_conv.training import logs
+from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, METRICS_NAME,
+                                     SCALAR_COLUMNS, SCALARS_NAME, Trainer, step_weights)
 
 T = 6
 SIZE = (8, 8)
@@ -154,32 +159,10 @@ def test_evaluate_excludes_padding_and_reports_spike_rates(bars):
 
 
 def test_step_weights():
-    assert np.allclose(tiny_trainer().step_weights(4), 0.25)
-    final = tiny_trainer(loss='final', final_steps=2)
-    np.testing.assert_array_equal(final.step_weights(4), [0, 0, 0.5, 0.5])
-    with pytest.raises(ValueError, match='final_steps'):
-        final.step_weights(1)
-
-
-@pytest.mark.parametrize('kwargs, match', [
-    (dict(loss='mean'), 'loss must be one of'),
-    (dict(update_every=0), 'update_every'),
-    (dict(final_steps=1.5), 'final_steps'),
-])
-def test_trainer_rejects_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        tiny_trainer(**kwargs)
-
-
-def test_fit_rejects_bad_arguments(bars):
-    train, _ = bars
-    trainer = tiny_trainer()
-    with pytest.raises(ValueError, match='epochs'):
-        trainer.fit(train, epochs=0, batch_size=4)
-    with pytest.raises(ValueError, match='batch_size'):
-        trainer.fit(train, epochs=1, batch_size=len(train) + 1)
-    with pytest.raises(ValueError, match='out_dir'):
-        trainer.fit(train, epochs=1, batch_size=4, resume=True)
+    np.testing.assert_array_equal(step_weights('every_step', 4), [0.25] * 4)
+    np.testing.assert_array_equal(step_weights('final', 4, 2), [0, 0, 0.5, 0.5])
+    with pytest.raises(ValueError, match='final_steps must be at most'):
+        step_weights('final', 1, 2)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -209,22 +192,17 @@ def test_save_and_restore_checkpoint_round_trip(bars, tmp_path):
     train, _ = bars
     trainer = tiny_trainer()
     trainer.fit(train, epochs=1, batch_size=8, progress=False)
-    path = tmp_path / 'ckpt.pkl'
+    path = tmp_path / 'ckpt.npz'
     trainer.save_checkpoint(path)
     other = tiny_trainer(seed=5)
     other.restore_checkpoint(path)
     assert other.epoch == 1 and other.history == trainer.history
+    assert other.step == trainer.step == len(train) // 8
     for k, v in params_of(trainer).items():
         np.testing.assert_array_equal(params_of(other)[k], v)
-
-    brainstate.random.seed(0)
-    wider = recurrent_conv_snn((2,) + SIZE, 8, channels=(3, 4))
-    mismatched = Trainer(bc.BPTT(wider), optax.adam(1e-2))
-    with pytest.raises(ValueError, match='shape'):
-        mismatched.restore_checkpoint(path)
-    (tmp_path / 'junk.pkl').write_bytes(b'\x80\x04N.')      # pickled None
-    with pytest.raises(ValueError, match='not a Trainer checkpoint'):
-        trainer.restore_checkpoint(tmp_path / 'junk.pkl')
+    for x, y in zip(jax.tree.leaves(trainer.opt_state), jax.tree.leaves(other.opt_state)):
+        np.testing.assert_array_equal(x, y)
+    assert other._rng.bit_generator.state == trainer._rng.bit_generator.state
 
 
 def test_fit_writes_metrics_and_learning_curve(bars, tmp_path):
@@ -237,5 +215,17 @@ def test_fit_writes_metrics_and_learning_curve(bars, tmp_path):
     assert metrics['epochs_completed'] == 2 and len(metrics['train_loss']) == 2
     assert metrics['test_accuracy'] == metrics['history'][-1]['test_accuracy']
     assert set(metrics['history'][0]['spike_rates']) == {'blocks.0.neuron', 'blocks.1.neuron'}
+    assert metrics['best']['test_accuracy'] == max(r['test_accuracy'] for r in metrics['history'])
     assert (tmp_path / CURVE_NAME).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-    assert (tmp_path / CHECKPOINT_NAME).exists()
+    assert (tmp_path / LAST_CHECKPOINT).exists() and (tmp_path / BEST_CHECKPOINT).exists()
+    rows = (tmp_path / SCALARS_NAME).read_text().splitlines()
+    assert rows[0] == ','.join(SCALAR_COLUMNS)
+    steps = [int(r.split(',')[0]) for r in rows[1:]]
+    assert steps == list(range(1, 2 * (len(train) // 8) + 1))     # one row per update
+
+
+def test_run_title_names_task_algorithm_and_settings():
+    config = dict(task='digits', algorithm='D-RTRL', loss='final', final_steps=3,
+                  update_every=5, lr=0.01, batch_size=16, channels=[4, 8], seed=2)
+    assert logs.run_title(config) == ('digits, D-RTRL\nloss on the last 3 step(s) | update '
+                                      'every 5 steps | lr 0.01 | batch 16 | channels 4,8 | seed 2')

@@ -1,0 +1,20 @@
+"""Training: the :class:`Trainer` loop, its loss, checkpoints, run directory and logs.
+
+* :mod:`.trainer`: :class:`Trainer` (per-sequence and truly online updates,
+  evaluation, data checks, non-finite guard);
+* :mod:`.loss`: the time-weighted cross-entropy of training and evaluation;
+* :mod:`.params`: parameters as mantissas in their own units, for optimisers;
+* :mod:`.checkpoint`: checkpoints as digest-checked ``.npz`` data;
+* :mod:`.run_dir`: the files of a run directory, never overwritten silently;
+* :mod:`.logs`: ``metrics.json``, ``scalars.csv``, TensorBoard, learning curve.
+"""
+from .checkpoint import CheckpointError, ConfigMismatchError
+from .logs import SCALAR_COLUMNS
+from .loss import cross_entropy, step_weights, weighted_cross_entropy
+from .run_dir import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, METRICS_NAME, SCALARS_NAME,
+                      TENSORBOARD_DIR)
+from .trainer import NONFINITE, Trainer
+
+__all__ = ['Trainer', 'NONFINITE', 'CheckpointError', 'ConfigMismatchError', 'cross_entropy',
+           'step_weights', 'weighted_cross_entropy', 'LAST_CHECKPOINT', 'BEST_CHECKPOINT',
+           'METRICS_NAME', 'SCALARS_NAME', 'CURVE_NAME', 'TENSORBOARD_DIR', 'SCALAR_COLUMNS']

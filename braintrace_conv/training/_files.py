@@ -1,0 +1,38 @@
+"""Atomic file writes: a reader (or a run killed mid-write) sees the old file or the new one."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ['atomic_write', 'fsync_dir']
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, data: bytes) -> None:
+    """Write ``data`` to ``path``: a temporary file in the same directory, fsync, rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

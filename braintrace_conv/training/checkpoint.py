@@ -1,0 +1,205 @@
+"""Checkpoints that are data, not code: one ``.npz`` archive, digest-checked on load.
+
+A checkpoint file is a NumPy ``.npz`` archive, always read with
+``allow_pickle=False`` (loading never runs code), holding
+
+* ``param/<name>``: every parameter's mantissa (its unit is in the metadata);
+* ``opt/<i>``: the leaves of the optimiser state, in tree order;
+* ``rng/brainstate_key``: the key data of ``brainstate.random``;
+* ``__meta__``: UTF-8 JSON (as ``uint8``): the format tag, the metadata of the
+  run (epoch, update count, history, configuration, ...), the parameters'
+  units and the optimiser-state leaf paths;
+* ``__sha256__``: the SHA-256 digest of every other entry's name, dtype,
+  shape and bytes.
+
+:func:`read` refuses a file whose digest, format or layout is wrong, so a
+flipped bit is an error and not a silently different number. :func:`write`
+is atomic. The functions here check a checkpoint against a model, an
+optimiser state or a configuration without changing anything, so a caller
+validates everything first and mutates afterwards.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+from typing import Mapping, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._files import atomic_write
+from .params import ParamView
+
+__all__ = ['FORMAT', 'CheckpointError', 'ConfigMismatchError', 'write', 'read',
+           'field', 'config_differences', 'check_config', 'params_from', 'tree_arrays', 'tree_from']
+
+#: Format tag stored in (and required of) every checkpoint.
+FORMAT = 'braintrace_conv.checkpoint/1'
+_META, _DIGEST = '__meta__', '__sha256__'
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, is corrupt, or does not fit what it is loaded into."""
+
+
+class ConfigMismatchError(CheckpointError):
+    """A checkpoint written with another configuration.
+
+    ``differences`` maps each differing option to ``(stored value, given value)``.
+    """
+
+    def __init__(self, path, differences: dict):
+        self.differences = differences
+        listed = '; '.join(f'{k}: {old!r} in the checkpoint, {new!r} now'
+                           for k, (old, new) in differences.items())
+        super().__init__(f'{path} was written with a different configuration ({listed}).')
+
+
+def _digest(arrays: Mapping[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def write(path: Union[str, os.PathLike], arrays: Mapping[str, np.ndarray], meta: dict) -> None:
+    """Write ``arrays`` (name -> numeric array) and JSON-able ``meta`` to ``path`` atomically."""
+    entries = {name: np.asarray(a) for name, a in arrays.items()}
+    for name, a in entries.items():
+        if a.dtype.hasobject:
+            raise TypeError(f'checkpoint entry {name} must be a numeric array, got dtype object.')
+    entries[_META] = np.frombuffer(json.dumps(dict(meta, format=FORMAT)).encode(), np.uint8)
+    entries[_DIGEST] = np.frombuffer(_digest(entries).encode(), np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **entries)
+    atomic_write(path, buffer.getvalue())
+
+
+def read(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
+    """``(arrays, meta)`` of the checkpoint at ``path``, after checking its digest and format.
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no file at ``path``.
+    CheckpointError
+        If the file is not a checkpoint archive (e.g. a pickle, which is never
+        loaded), is truncated or corrupt (digest mismatch), or has another format.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f'no checkpoint at {path}.')
+    try:
+        if not zipfile.is_zipfile(path):
+            raise ValueError('not a zip archive')
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise CheckpointError(f'{path} is corrupt or not a checkpoint archive (checkpoints are '
+                              f'.npz files, never unpickled): {err}') from None
+    if _META not in arrays or _DIGEST not in arrays:
+        raise CheckpointError(f'{path} is not a braintrace_conv checkpoint (no metadata).')
+    stored = arrays.pop(_DIGEST)
+    if stored.dtype != np.uint8 or stored.tobytes().decode('ascii', 'replace') != _digest(arrays):
+        raise CheckpointError(f'{path} is corrupt: its SHA-256 digest does not match its '
+                              f'content.')
+    try:
+        meta = json.loads(arrays.pop(_META).tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f'{path} has unreadable metadata: {err}') from None
+    if not isinstance(meta, dict) or meta.get('format') != FORMAT:
+        found = meta.get('format') if isinstance(meta, dict) else None
+        raise CheckpointError(f'{path} has format {found!r}; this version reads {FORMAT!r}.')
+    return arrays, meta
+
+
+def field(meta: dict, key: str, kind, path):
+    """``meta[key]`` checked to be a ``kind`` (bools are not ints)."""
+    value = meta.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise CheckpointError(f'{path} lacks a valid {key!r} entry in its metadata.')
+    return meta[key]
+
+
+def _json(value):
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
+def config_differences(stored: dict, given: dict) -> dict:
+    """``{option: (stored, given)}`` for every option whose values differ (JSON-compared)."""
+    stored, given = _json(stored), _json(given)
+    return {k: (stored.get(k), given.get(k)) for k in sorted(set(stored) | set(given))
+            if stored.get(k) != given.get(k)}
+
+
+def check_config(meta: dict, key: str, given: dict, path) -> None:
+    """Raise :class:`ConfigMismatchError` if ``meta[key]`` differs from ``given``."""
+    differences = config_differences(field(meta, key, dict, path), given)
+    if differences:
+        raise ConfigMismatchError(path, differences)
+
+
+def params_from(arrays: dict, meta: dict, view: ParamView, path, *, cast: bool) -> dict:
+    """The parameter mantissas stored in a checkpoint, checked against ``view``'s model.
+
+    Names, shapes and units must match; dtypes must match too unless ``cast``
+    (then floating values are converted to the model's dtype).
+    """
+    units = field(meta, 'units', dict, path)
+    stored = {k[len('param/'):] for k in arrays if k.startswith('param/')}
+    if stored != set(view.names):
+        raise CheckpointError(f'the parameters in {path} do not match the model: only in the '
+                              f'checkpoint {sorted(stored - set(view.names))}, only in the model '
+                              f'{sorted(set(view.names) - stored)}.')
+    current = view.named(view.mantissas())
+    out = {}
+    for name, unit in zip(view.names, view.units):
+        saved, now = arrays[f'param/{name}'], current[name]
+        if saved.shape != np.shape(now):
+            raise CheckpointError(f'parameter {name} in {path} has shape {saved.shape}, the '
+                                  f'model has {np.shape(now)}.')
+        if units.get(name) != str(unit):
+            raise CheckpointError(f'parameter {name} in {path} is in unit '
+                                  f'{units.get(name)!r}, the model has {str(unit)!r}.')
+        dtype = jnp.result_type(now)
+        if saved.dtype != dtype and not (cast and np.issubdtype(saved.dtype, np.floating)):
+            raise CheckpointError(f'parameter {name} in {path} is {saved.dtype}, the model is '
+                                  f'{dtype} (set jax_enable_x64 as when the run was saved).')
+        out[name] = jnp.asarray(saved, dtype)
+    return view.from_named(out)
+
+
+def _leaf_paths(tree) -> list:
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def tree_arrays(prefix: str, tree) -> tuple[dict, list]:
+    """``({f'{prefix}/{i}': leaf}, leaf paths)`` of a pytree, leaves in tree order."""
+    return ({f'{prefix}/{i}': np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(tree))},
+            _leaf_paths(tree))
+
+
+def tree_from(prefix: str, arrays: dict, paths, like, path, what: str):
+    """The pytree stored by :func:`tree_arrays`, checked to have ``like``'s leaf paths,
+    shapes and dtypes."""
+    leaves, treedef = jax.tree.flatten(like)
+    own_paths = _leaf_paths(like)
+    stored = [arrays.get(f'{prefix}/{i}') for i in range(len(own_paths))]
+    if (paths != own_paths or any(a is None for a in stored)
+            or sum(k.startswith(prefix + '/') for k in arrays) != len(own_paths)):
+        raise CheckpointError(f'the {what} in {path} does not match this one (stored leaves '
+                              f'{paths}, expected {own_paths}).')
+    for p, a, leaf in zip(own_paths, stored, leaves):
+        if a.shape != np.shape(leaf) or a.dtype != jnp.result_type(leaf):
+            raise CheckpointError(f'the {what} leaf {p} in {path} is {a.dtype}{list(a.shape)}, '
+                                  f'expected {jnp.result_type(leaf)}{list(np.shape(leaf))}.')
+    return jax.tree.unflatten(treedef, [jnp.asarray(a) for a in stored])
+

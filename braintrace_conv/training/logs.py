@@ -1,0 +1,174 @@
+"""What a run records: a per-epoch summary, per-step scalars and a learning curve.
+
+* ``metrics.json``: the run's configuration and per-epoch history (NaN and
+  infinities are written as ``null``, so the file is strict JSON);
+* ``scalars.csv``: one row every ``log_every`` batches with the columns
+  :data:`SCALAR_COLUMNS`; with ``tensorboardX`` installed, the same scalars
+  (and the per-epoch evaluation) as TensorBoard events under ``tensorboard/``;
+* ``learning_curve.png``: loss and accuracy per epoch, titled with the task,
+  algorithm and settings.
+
+Every file except the append-only CSV and TensorBoard logs is replaced
+atomically. A resumed run first drops the rows and events logged after its
+checkpoint (by a run killed mid-epoch), so the logs match the restored state.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+from ._files import atomic_write, fsync_dir
+from .run_dir import CURVE_NAME, METRICS_NAME, SCALARS_NAME, TENSORBOARD_DIR
+
+__all__ = ['SCALAR_COLUMNS', 'ScalarLog', 'write_metrics', 'write_curve', 'run_title']
+
+#: Columns of ``scalars.csv``: update count after the batch, epoch (1-based), batch
+#: index in the epoch, the batch's loss and accuracy, updates skipped so far
+#: (non-finite gradients), seconds since the epoch started.
+SCALAR_COLUMNS = ('step', 'epoch', 'batch', 'loss', 'accuracy', 'skipped_updates', 'time_s')
+
+
+def _strict(value):
+    """``value`` with non-finite floats replaced by ``None`` (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+def write_metrics(directory: Union[str, os.PathLike], metrics: dict) -> None:
+    """Write ``metrics`` as ``metrics.json`` in ``directory`` (atomically)."""
+    atomic_write(Path(directory) / METRICS_NAME,
+                 json.dumps(_strict(metrics), indent=2, allow_nan=False).encode())
+
+
+def run_title(config: dict) -> str:
+    """Two lines naming the task and algorithm, then the settings of a run, from its
+    configuration (the keys of ``Trainer.config()`` plus any of ``task``, ``lr``,
+    ``batch_size``, ``channels``, ``seed``)."""
+    head = ', '.join(str(config[k]) for k in ('task', 'algorithm') if config.get(k))
+    parts = []
+    loss = config.get('loss')
+    if loss == 'final':
+        parts.append(f"loss on the last {config.get('final_steps')} step(s)")
+    elif loss:
+        parts.append('loss at every step')
+    every = config.get('update_every')
+    parts.append('one update per sequence' if every is None else f'update every {every} steps')
+    for key, label in (('lr', 'lr'), ('batch_size', 'batch'), ('channels', 'channels'),
+                       ('seed', 'seed')):
+        if config.get(key) is not None:
+            value = config[key]
+            value = ','.join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            parts.append(f'{label} {value}')
+    return head + '\n' + ' | '.join(map(str, parts))
+
+
+def write_curve(directory: Union[str, os.PathLike], history: list, title: str) -> None:
+    """Draw loss and accuracy per epoch and write ``learning_curve.png`` (atomically)."""
+    import matplotlib.pyplot as plt
+
+    from ..plot import learning_curve
+
+    fig = learning_curve(history)
+    fig.suptitle(title, fontsize=10)
+    try:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format='png', dpi=100)
+    finally:
+        plt.close(fig)
+    atomic_write(Path(directory) / CURVE_NAME, buffer.getvalue())
+
+
+def _summary_writer(directory: Path, tensorboard: Optional[bool], purge_step: int):
+    if tensorboard is False:
+        return None
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        if tensorboard:
+            raise ImportError('tensorboard=True needs tensorboardX: pip install '
+                              '"braintrace_conv[tensorboard]".') from None
+        return None
+    return SummaryWriter(str(directory / TENSORBOARD_DIR),
+                         purge_step=purge_step if purge_step else None)
+
+
+class ScalarLog:
+    """Per-step scalars of a run: ``scalars.csv`` and, when available, TensorBoard.
+
+    Parameters
+    ----------
+    directory : path
+        The run directory (must exist).
+    start_step : int
+        Update count of the state the run starts from (0 for a new run, the
+        checkpoint's for a resumed one); rows logged after it are dropped.
+    tensorboard : bool, optional
+        Also write TensorBoard events: ``None`` when ``tensorboardX`` is
+        installed, ``True`` always (error without it), ``False`` never.
+    """
+
+    def __init__(self, directory: Union[str, os.PathLike], *, start_step: int,
+                 tensorboard: Optional[bool] = None):
+        self.path = Path(directory) / SCALARS_NAME
+        rows = self._rows_until(start_step)
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator='\n')
+        writer.writerow(SCALAR_COLUMNS)
+        writer.writerows(rows)
+        atomic_write(self.path, text.getvalue().encode())
+        self._file = open(self.path, 'a', newline='')
+        self._csv = csv.writer(self._file, lineterminator='\n')
+        self._tb = _summary_writer(self.path.parent, tensorboard, start_step + 1)
+
+    def _rows_until(self, step: int) -> list:
+        if step == 0 or not self.path.is_file():
+            return []
+        with open(self.path, newline='') as f:
+            rows = list(csv.reader(f))[1:]
+        kept = []
+        for row in rows:    # a run killed mid-write may leave a partial last line
+            if len(row) == len(SCALAR_COLUMNS) and row[0].isdigit() and int(row[0]) <= step:
+                kept.append(row)
+        return kept
+
+    def log(self, step: int, **scalars) -> None:
+        """Append one row (``step`` plus the other :data:`SCALAR_COLUMNS`)."""
+        row = dict(scalars, step=step)
+        self._csv.writerow([row[c] for c in SCALAR_COLUMNS])
+        self._file.flush()
+        if self._tb is not None:
+            for key in ('loss', 'accuracy', 'skipped_updates'):
+                self._tb.add_scalar(f'train/{key}', row[key], step)
+
+    def log_epoch(self, step: int, record: dict) -> None:
+        """The evaluation of an epoch record (see ``Trainer.fit``) to TensorBoard."""
+        if self._tb is None:
+            return
+        for key in ('test_loss', 'test_accuracy'):
+            if key in record:
+                self._tb.add_scalar(f"eval/{key[len('test_'):]}", record[key], step)
+        for name, rate in record.get('spike_rates', {}).items():
+            self._tb.add_scalar(f'spike_rate/{name}', rate, step)
+
+    def sync(self) -> None:
+        """Make everything logged so far durable (called with each checkpoint)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        fsync_dir(self.path.parent)
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()

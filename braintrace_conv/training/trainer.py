@@ -1,0 +1,698 @@
+"""Training loop for spiking classifiers on event streams, per sequence or truly online.
+
+A :class:`Trainer` drives any executor (:class:`~braintrace_conv.BPTT`,
+:class:`~braintrace_conv.D_RTRL`, :class:`~braintrace_conv.ES_D_RTRL`) with an
+optax optimiser on an :class:`~braintrace_conv.data.EventDataset`.
+
+Data layout: batches are time-major, inputs ``xs`` of shape ``(T, B, C, H,
+W)`` and integer labels ``(B,)``; the model maps one step ``(B, C, H, W)`` to
+dimensionless class scores ``(B, K)``. The loss and the prediction are those of
+:mod:`braintrace_conv.training.loss` (softmax cross-entropy weighted over
+time steps, ``loss='every_step'`` or ``'final'``).
+
+Updates: ``update_every=None`` takes one optimiser step per batch of
+sequences, from the gradient of the whole sequence loss
+(``learner.value_and_grad``). ``update_every=k`` is truly online: hidden
+states and traces are reset at the start of each batch of sequences, then
+every ``k`` steps the gradient of those steps' loss (``learner.advance``) is
+applied while hidden states and traces carry on; chunks whose steps all have
+weight 0 advance the network without an optimiser step.
+
+Units: parameters may be ``saiunit`` quantities; the optimiser acts on each
+parameter's mantissa in the parameter's own unit (see
+:mod:`braintrace_conv.training.params`), and :meth:`Trainer.value_and_grad`
+returns gradients in ``1 / unit(parameter)``.
+
+Bad data never becomes bad weights: inputs, labels and shapes are checked
+against the model before the first step, and an update whose loss, gradient
+or result is not finite is never applied (``nonfinite='skip'`` counts it and
+warns, ``'raise'`` stops).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Optional, Union
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import saiunit as u
+from tqdm.auto import tqdm
+
+from .._validation import class_labels, finite, non_negative, one_of, positive
+from ..executors import Learner
+from . import checkpoint, logs, run_dir
+from .loss import LOSSES, predicted_labels, sequence_loss, step_weights, weighted_cross_entropy
+from .params import ParamView
+
+__all__ = ['Trainer', 'NONFINITE']
+
+#: What to do with an update whose loss, gradient or result is not finite.
+NONFINITE = ('skip', 'raise')
+_EVENT_AXES = ('t', 'b', 'channel', 'row', 'column')
+_DATASET_AXES = ('sample', 't', 'channel', 'row', 'column')
+_DATASET_ATTRS = ('events', 'labels', 'num_classes', 'num_steps', 'frame_shape', 'batches')
+
+
+def _is_spiking(node) -> bool:
+    return isinstance(node, brainstate.nn.Module) and callable(getattr(node, 'spike', None))
+
+
+def _spike_rates(neurons: list):
+    """``observe`` for ``Learner.predict``: per neuron module, the fraction spiking, ``(B,)``."""
+    def observe(model):
+        return [jnp.mean(jnp.reshape(s, (jnp.shape(s)[0], -1)), axis=1)
+                for s in (n.spike() for n in neurons)]
+    return observe
+
+
+def _fingerprint(dataset) -> Optional[dict]:
+    """Size and SHA-256 of a dataset's events and labels (what a resumed run must reuse)."""
+    if dataset is None:
+        return None
+    digest = hashlib.sha256(np.ascontiguousarray(dataset.events).tobytes())
+    digest.update(np.ascontiguousarray(dataset.labels).tobytes())
+    return dict(samples=len(dataset.labels), shape=list(np.shape(dataset.events)),
+                sha256=digest.hexdigest())
+
+
+class Trainer:
+    """Train a classifier with an executor and an optax optimiser.
+
+    See the module docstring for the data layout, the loss, the update
+    schedule, units and non-finite values.
+
+    Parameters
+    ----------
+    learner : Learner
+        An executor wrapping the model, e.g. ``ES_D_RTRL(model, decay)``.
+    optimizer : optax.GradientTransformation, optional
+        Applied to the parameters' mantissas, keyed like
+        ``model.states(brainstate.ParamState)``. ``None`` makes an
+        inference-only trainer (:meth:`evaluate`, :meth:`load_params`).
+    loss : {'every_step', 'final'}, default 'every_step'
+        Which steps carry the loss (and the prediction).
+    final_steps : int, default 1
+        With ``loss='final'``, the number ``k`` of last steps weighted.
+    update_every : int, optional
+        ``None``: one update per batch of sequences; ``k``: truly online,
+        one update every ``k`` steps.
+    nonfinite : {'skip', 'raise'}, default 'skip'
+        An update with a non-finite loss, gradient or result is never
+        applied: ``'skip'`` counts it in :attr:`skipped_updates` and warns,
+        ``'raise'`` raises ``FloatingPointError``.
+
+    Attributes
+    ----------
+    epoch : int
+        Completed training epochs.
+    step : int
+        Optimiser updates attempted (applied or skipped).
+    skipped_updates : int
+        Updates skipped for non-finite values.
+    history : list of dict
+        One record per completed epoch (see :meth:`fit`).
+    best : dict or None
+        ``epoch`` and ``test_accuracy`` of the best evaluated epoch so far.
+    run_config : dict
+        The caller's description of the run (``fit(run_config=...)``),
+        stored in checkpoints and compared on resume.
+    spiking_layers : dict
+        Name (dotted path in the model) -> neuron module with ``spike()``,
+        whose spike rates :meth:`evaluate` reports.
+    opt_state
+        The optimiser state (``None`` without an optimiser).
+    """
+
+    def __init__(self, learner: Learner, optimizer: Optional[optax.GradientTransformation] = None,
+                 *, loss: str = 'every_step', final_steps: int = 1,
+                 update_every: Optional[int] = None, nonfinite: str = 'skip'):
+        if not isinstance(learner, Learner):
+            raise TypeError(f'learner must be an executor (BPTT, D_RTRL, ES_D_RTRL), got '
+                            f'{type(learner).__name__}.')
+        if optimizer is not None and not (callable(getattr(optimizer, 'init', None))
+                                          and callable(getattr(optimizer, 'update', None))):
+            raise TypeError(f'optimizer must be an optax.GradientTransformation or None, got '
+                            f'{type(optimizer).__name__}.')
+        self.learner = learner
+        self.model = learner.model
+        self.optimizer = optimizer
+        self.loss = one_of('loss', loss, LOSSES)
+        self.final_steps = positive('final_steps', final_steps)
+        self.update_every = (None if update_every is None
+                             else positive('update_every', update_every))
+        self.nonfinite = one_of('nonfinite', nonfinite, NONFINITE)
+        self._view = ParamView(self.model)
+        self.spiking_layers = {'.'.join(map(str, k)): n for k, n in self.model.nodes().items()
+                               if _is_spiking(n)}
+        self._observe = _spike_rates(list(self.spiking_layers.values()))
+        self.opt_state = None if optimizer is None else optimizer.init(self._view.mantissas())
+        self.epoch = self.step = self.skipped_updates = 0
+        self.history: list = []
+        self.best: Optional[dict] = None
+        self.run_config: dict = {}
+        self._fit_config: dict = {}
+        self._rng: Optional[np.random.Generator] = None
+        self._update = jax.jit(self._candidate_update)
+        self._outputs: dict = {}
+
+    def config(self) -> dict:
+        """The trainer's settings: ``algorithm``, ``loss``, ``final_steps``,
+        ``update_every``, ``nonfinite``."""
+        return dict(algorithm=self.learner.algorithm, loss=self.loss,
+                    final_steps=self.final_steps, update_every=self.update_every,
+                    nonfinite=self.nonfinite)
+
+    def _require_optimizer(self, what: str) -> None:
+        if self.optimizer is None:
+            raise ValueError(f'{what} needs an optimizer; this Trainer was built without one '
+                             f'(for inference).')
+
+    # ------------------------------------------------------------------ data checks
+    def _num_outputs(self, frame_shape: tuple, dtype, name: str) -> int:
+        """Number of class scores the model returns for one step of ``frame_shape``
+        (its hidden states are re-initialised, as every call of the executors does)."""
+        key = (tuple(frame_shape), np.dtype(dtype).str)
+        if key not in self._outputs:
+            brainstate.nn.init_all_states(self.model, 1)
+            spec = jax.ShapeDtypeStruct((1, *frame_shape), dtype)
+            try:
+                out = brainstate.transform.eval_shape(self.model, spec)
+            except Exception as err:   # the model's own check of its input, whatever its type
+                raise ValueError(f'{name} does not fit the model: one step of shape (B, '
+                                 f'{", ".join(map(str, frame_shape))}) gives: {err}') from err
+            unit = u.get_unit(out) if isinstance(out, u.Quantity) else u.UNITLESS
+            out = u.get_mantissa(out) if isinstance(out, u.Quantity) else out
+            if not isinstance(out, jax.ShapeDtypeStruct) or len(out.shape) != 2:
+                raise ValueError(f'the model must return class scores (B, K) per step, got '
+                                 f'{out}.')
+            if not unit.dim.is_dimensionless:
+                raise ValueError(f'the model must return dimensionless class scores, got unit '
+                                 f'{unit}; divide them by a reference (e.g. V / u.mV).')
+            self._outputs[key] = out.shape[1]
+        return self._outputs[key]
+
+    def _weights(self, num_steps: int, name: str) -> np.ndarray:
+        try:
+            return step_weights(self.loss, num_steps, self.final_steps)
+        except ValueError as err:
+            raise ValueError(f'{name}: {err}') from None
+
+    def _check_dataset(self, name: str, dataset) -> None:
+        """Check a dataset against the model, naming the first problem."""
+        if not all(hasattr(dataset, a) for a in _DATASET_ATTRS):
+            raise TypeError(f'{name} must be an EventDataset (braintrace_conv.data), got '
+                            f'{type(dataset).__name__}.')
+        if len(dataset.labels) == 0:
+            raise ValueError(f'{name} must hold at least one sample, got 0.')
+        k = self._num_outputs(dataset.frame_shape, dataset.events.dtype, name)
+        if dataset.num_classes > k:
+            raise ValueError(f'{name} has {dataset.num_classes} classes but the model has {k} '
+                             f'outputs (class scores); build the model with num_classes='
+                             f'{dataset.num_classes}.')
+        class_labels(f'{name} labels', dataset.labels, k)
+        self._weights(dataset.num_steps, name)
+        finite(f'{name} events', dataset.events,
+               _DATASET_AXES if np.ndim(dataset.events) == 5 else None)
+
+    def _check_batch(self, xs, labels) -> tuple:
+        xs = np.asarray(xs)
+        if xs.ndim < 3 or not (np.issubdtype(xs.dtype, np.number) or xs.dtype == bool):
+            raise ValueError(f'xs must be a numeric array (T, B, ...), got shape {xs.shape} and '
+                             f'dtype {xs.dtype}.')
+        k = self._num_outputs(xs.shape[2:], xs.dtype, 'xs')
+        labels = class_labels('labels', labels, k, batch=xs.shape[1])
+        self._weights(xs.shape[0], 'xs')
+        finite('xs', xs, _EVENT_AXES if xs.ndim == 5 else None)
+        return xs, labels
+
+    # ------------------------------------------------------------------ updates
+    def _targets(self, labels: np.ndarray, weights: np.ndarray):
+        """``(labels (T, B), w (T,))``: the targets pytree of the executors."""
+        return (jnp.asarray(np.broadcast_to(labels, (len(weights),) + labels.shape)),
+                jnp.asarray(weights))
+
+    def _candidate_update(self, grads, opt_state, params, loss):
+        """The optimiser step, with per-leaf gradient finiteness and whether it may be
+        applied (finite loss, gradients and new parameters)."""
+        finite_grads = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        ok = (jnp.isfinite(loss) & jnp.all(finite_grads)
+              & jnp.all(jnp.stack([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)])))
+        return params, opt_state, ok, finite_grads
+
+    def _apply(self, grads: dict, loss) -> bool:
+        """Apply gradient mantissas unless something is not finite; True if applied."""
+        params, opt_state, ok, finite_grads = self._update(
+            grads, self.opt_state, self._view.mantissas(), jnp.asarray(loss))
+        if bool(ok):
+            self._view.assign(params)
+            self.opt_state = opt_state
+            self.step += 1
+            return True
+        bad = [n for n, f in zip(self._view.names, np.asarray(finite_grads)) if not f]
+        what = (f'non-finite gradient of {", ".join(bad)}' if bad
+                else 'non-finite loss' if not np.isfinite(float(loss))
+                else 'the update would make parameters non-finite')
+        if self.nonfinite == 'raise':
+            raise FloatingPointError(
+                f'update {self.step + 1} (epoch {self.epoch + 1}): {what}; parameters and '
+                f'optimiser state are unchanged. Lower the learning rate or check the data '
+                f'(nonfinite="skip" skips such updates).')
+        self.step += 1
+        self.skipped_updates += 1
+        warnings.warn(f'skipped an optimiser update: {what}; parameters and optimiser state '
+                      f'are unchanged (Trainer.skipped_updates counts them).', RuntimeWarning,
+                      stacklevel=3)
+        return False
+
+    def apply_gradients(self, grads: dict) -> bool:
+        """One optimiser step from ``grads`` (keyed like ``model.states(ParamState)``).
+
+        Leaves are what the executors return: plain arrays for plain
+        parameters, quantities ``dL/dW`` in ``1 / unit(W)`` (any unit of that
+        dimension) for parameters with a unit; a plain array for such a
+        parameter is taken as ``dL/dw`` of its mantissa ``w``. Returns whether
+        the update was applied (non-finite: see ``nonfinite``).
+        """
+        self._require_optimizer('apply_gradients')
+        return self._apply(self._view.grad_mantissas(grads), 0.0)
+
+    def value_and_grad(self, xs, labels) -> tuple:
+        """Batch loss of one batch of sequences and its gradient, applying nothing.
+
+        ``xs``: ``(T, B, C, H, W)``; ``labels``: int ``(B,)``. Returns
+        ``(loss, grads)``: ``grads`` keyed like ``model.states(ParamState)``,
+        each ``dL/dW`` in ``1 / unit(W)`` (plain arrays for plain parameters).
+        """
+        xs, labels = self._check_batch(xs, labels)
+        weights = self._weights(xs.shape[0], 'xs')
+        loss, grads = self.learner.value_and_grad(weighted_cross_entropy, jnp.asarray(xs),
+                                                  self._targets(labels, weights))
+        return float(loss), self._view.gradients(self._view.grad_mantissas(grads))
+
+    # ------------------------------------------------------------------ one batch
+    def train_batch(self, xs, labels) -> tuple:
+        """Train on one batch of sequences; returns ``(loss, number correct)``.
+
+        ``xs``: ``(T, B, C, H, W)``; ``labels``: int ``(B,)``, checked against
+        the model first. The loss is the batch loss (module docstring); in
+        online mode it is summed over the chunks, each computed with the
+        parameters current at that chunk.
+        """
+        self._require_optimizer('train_batch')
+        return self._train_batch(*self._check_batch(xs, labels))
+
+    def _train_batch(self, xs: np.ndarray, labels: np.ndarray) -> tuple:
+        weights = self._weights(xs.shape[0], 'xs')
+        xs = jnp.asarray(xs)
+        if self.update_every is None:
+            loss, grads, scores = self.learner.value_and_grad(
+                weighted_cross_entropy, xs, self._targets(labels, weights), return_outputs=True)
+            self._apply(self._view.grad_mantissas(grads), loss)
+            total = float(loss)
+        else:
+            self.learner.reset(len(labels))
+            total, chunks = 0.0, []
+            k = self.update_every
+            for start in range(0, len(weights), k):
+                part = slice(start, start + k)
+                loss, grads, chunk = self.learner.advance(
+                    weighted_cross_entropy, xs[part], self._targets(labels, weights[part]),
+                    return_outputs=True)
+                if weights[part].any():
+                    self._apply(self._view.grad_mantissas(grads), loss)
+                total += float(loss)
+                chunks.append(chunk)
+            scores = jnp.concatenate(chunks)
+        return total, int(np.sum(predicted_labels(scores, weights) == labels))
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, dataset, batch_size: int = 64) -> dict:
+        """Loss, accuracy and spike rates of the current parameters on ``dataset``.
+
+        Parameters
+        ----------
+        dataset : EventDataset
+            Samples ``(N, T, C, H, W)`` with labels ``(N,)``, checked against
+            the model first.
+        batch_size : int, default 64
+            Sequences per forward pass (``Learner.predict``); the last batch
+            is zero-padded to this size (padding is excluded from every figure).
+
+        Returns
+        -------
+        dict
+            ``loss``: mean sequence loss; ``accuracy``: fraction in [0, 1] of
+            correct predictions; ``spike_rates``: per spiking layer name, the
+            mean number of spikes per neuron and time step (over all samples
+            and steps).
+        """
+        batch_size = positive('batch_size', batch_size)
+        self._check_dataset('dataset', dataset)
+        weights = self._weights(dataset.num_steps, 'dataset')
+        n_total, correct, loss_sum = 0, 0, 0.0
+        spike_sums = {name: 0.0 for name in self.spiking_layers}
+        for xs, labels in dataset.batches(batch_size, shuffle=False):
+            n = len(labels)
+            pad = [(0, 0)] * xs.ndim
+            pad[1] = (0, batch_size - n)
+            scores, rates = self.learner.predict(jnp.asarray(np.pad(xs, pad)),
+                                                 observe=self._observe)
+            scores = scores[:, :n]
+            loss_sum += float(np.sum(sequence_loss(scores, labels, weights)))
+            correct += int(np.sum(predicted_labels(scores, weights) == labels))
+            for name, r in zip(spike_sums, rates):
+                spike_sums[name] += float(np.sum(np.asarray(r)[:, :n]))
+            n_total += n
+        steps = n_total * dataset.num_steps
+        return dict(loss=loss_sum / n_total, accuracy=correct / n_total,
+                    spike_rates={k: v / steps for k, v in spike_sums.items()})
+
+    # ------------------------------------------------------------------ training
+    def fit(self, train_dataset, *, epochs: int, batch_size: int, seed: int = 0,
+            eval_dataset=None, eval_batch_size: Optional[int] = None,
+            out_dir: Union[str, os.PathLike, None] = None, resume: bool = False,
+            overwrite: bool = False, run_config: Optional[dict] = None, log_every: int = 1,
+            tensorboard: Optional[bool] = None, progress: bool = True) -> list:
+        """Train until ``epochs`` epochs in total are completed.
+
+        Each epoch visits the training set once in a random order, in batches
+        of ``batch_size`` (an incomplete last batch is dropped; the order
+        differs per epoch), then evaluates ``eval_dataset`` if given. Both
+        datasets are checked against the model before the first step.
+
+        With ``out_dir``, after every epoch the trainer writes the
+        ``checkpoint-last.npz`` checkpoint, ``checkpoint-best.npz`` when the
+        evaluation accuracy improved, ``metrics.json`` and
+        ``learning_curve.png``, and every ``log_every`` batches a row of
+        ``scalars.csv`` (and TensorBoard events); see
+        :mod:`braintrace_conv.training.logs`. A directory that already holds
+        a run is refused unless ``resume`` or ``overwrite``.
+
+        Parameters
+        ----------
+        train_dataset, eval_dataset : EventDataset
+            Samples ``(N, T, C, H, W)``, labels ``(N,)``.
+        epochs : int
+            Total number of epochs; training continues from :attr:`epoch`
+            (non-zero after a restore), so a finished run does nothing.
+        batch_size : int
+            Sequences per batch, at most ``len(train_dataset)``.
+        seed : int, default 0
+            Seeds the shuffling generator when the trainer has none yet (a
+            restored checkpoint brings its own generator state).
+        eval_batch_size : int, optional
+            Batch size of the evaluation; default ``batch_size``.
+        out_dir : path, optional
+            Run directory (created if needed).
+        resume : bool, default False
+            Continue the run in ``out_dir`` from its last checkpoint (which
+            must exist), so an interrupted run ends exactly as an
+            uninterrupted one. The checkpoint's trainer settings, datasets,
+            ``batch_size``, ``seed`` and ``run_config`` must equal the given
+            ones (:class:`~braintrace_conv.training.checkpoint.ConfigMismatchError`
+            names those that differ); nothing is changed otherwise.
+        overwrite : bool, default False
+            Replace the run in ``out_dir`` (its run files are removed).
+        run_config : dict, optional
+            JSON-able description of the run (e.g. the command-line options),
+            stored in checkpoints and ``metrics.json``.
+        log_every : int, default 1
+            Batches between rows of ``scalars.csv``.
+        tensorboard : bool, optional
+            TensorBoard events too: ``None`` when ``tensorboardX`` is installed.
+        progress : bool, default True
+            Show a tqdm bar per epoch and print one summary line per epoch.
+
+        Returns
+        -------
+        list of dict
+            :attr:`history`: per epoch ``epoch``, ``train_loss`` (mean over
+            batches with a finite loss), ``train_accuracy``,
+            ``skipped_updates``, ``epoch_time_s`` and, with an
+            ``eval_dataset``, ``test_loss``, ``test_accuracy``, ``spike_rates``.
+        """
+        self._require_optimizer('fit')
+        epochs = positive('epochs', epochs)
+        batch_size = positive('batch_size', batch_size)
+        seed = non_negative('seed', seed)
+        log_every = positive('log_every', log_every)
+        eval_batch_size = (batch_size if eval_batch_size is None
+                           else positive('eval_batch_size', eval_batch_size))
+        run_config = {} if run_config is None else run_config
+        try:
+            run_config = json.loads(json.dumps(run_config))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f'run_config must be a JSON-able dict, got {run_config!r}: '
+                            f'{err}') from None
+        if not isinstance(run_config, dict):
+            raise TypeError(f'run_config must be a dict, got {type(run_config).__name__}.')
+        self._check_dataset('train_dataset', train_dataset)
+        if batch_size > len(train_dataset.labels):
+            raise ValueError(f'batch_size must be at most the number of training samples '
+                             f'({len(train_dataset.labels)}), got {batch_size}.')
+        if eval_dataset is not None:
+            self._check_dataset('eval_dataset', eval_dataset)
+        if out_dir is None and (resume or overwrite):
+            raise ValueError('resume and overwrite need out_dir (the run directory).')
+        log = None
+        if out_dir is not None:
+            out_dir = run_dir.check(out_dir, resume=resume, overwrite=overwrite)
+            fit_config = dict(batch_size=batch_size, seed=seed,
+                              train_data=_fingerprint(train_dataset),
+                              eval_data=_fingerprint(eval_dataset))
+            run_dir.create(out_dir, overwrite=overwrite)
+            if resume:
+                self._restore(out_dir / run_dir.LAST_CHECKPOINT,
+                              dict(run=run_config, trainer=self.config(), fit=fit_config))
+            self._fit_config = fit_config
+            log = logs.ScalarLog(out_dir, start_step=self.step, tensorboard=tensorboard)
+        self.run_config = run_config
+        if self._rng is None:
+            self._rng = np.random.default_rng(seed)
+        try:
+            while self.epoch < epochs:
+                record = self._train_epoch(train_dataset, batch_size, epochs, progress, log,
+                                           log_every)
+                if eval_dataset is not None:
+                    metrics = self.evaluate(eval_dataset, eval_batch_size)
+                    record.update(test_loss=metrics['loss'], test_accuracy=metrics['accuracy'],
+                                  spike_rates=metrics['spike_rates'])
+                self.epoch += 1
+                self.history.append(record)
+                improved = 'test_accuracy' in record and (
+                    self.best is None or record['test_accuracy'] > self.best['test_accuracy'])
+                if improved:
+                    self.best = dict(epoch=self.epoch, test_accuracy=record['test_accuracy'])
+                if log is not None:
+                    log.log_epoch(self.step, record)
+                    log.sync()
+                    self._save_run(out_dir, improved)
+                if progress:
+                    tqdm.write(_summary_line(record, epochs))
+        finally:
+            if log is not None:
+                log.close()
+        return self.history
+
+    def _train_epoch(self, dataset, batch_size: int, epochs: int, progress: bool, log,
+                     log_every: int) -> dict:
+        start = time.perf_counter()
+        skipped_before = self.skipped_updates
+        order_seed = int(self._rng.integers(2**31))
+        n_batches = dataset.num_batches(batch_size, drop_last=True)
+        bar = tqdm(dataset.batches(batch_size, shuffle=True, seed=order_seed, drop_last=True),
+                   total=n_batches, desc=f'epoch {self.epoch + 1}/{epochs}', disable=not progress,
+                   leave=False, unit='batch')
+        loss_sum, loss_count, correct, seen = 0.0, 0, 0, 0
+        for i, (xs, labels) in enumerate(bar):
+            loss, hits = self._train_batch(xs, labels)
+            if np.isfinite(loss):
+                loss_sum += loss * len(labels)
+                loss_count += len(labels)
+            correct += hits
+            seen += len(labels)
+            if log is not None and (i + 1) % log_every == 0:
+                log.log(self.step, epoch=self.epoch + 1, batch=i, loss=loss,
+                        accuracy=hits / len(labels), skipped_updates=self.skipped_updates,
+                        time_s=round(time.perf_counter() - start, 3))
+            bar.set_postfix(loss=f'{loss_sum / max(loss_count, 1):.3f}',
+                            acc=f'{correct / seen:.3f}')
+        bar.close()
+        return dict(epoch=self.epoch + 1,
+                    train_loss=loss_sum / loss_count if loss_count else float('nan'),
+                    train_accuracy=correct / seen,
+                    skipped_updates=self.skipped_updates - skipped_before,
+                    epoch_time_s=time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _payload(self) -> tuple:
+        arrays = {f'param/{n}': np.asarray(v)
+                  for n, v in self._view.named(self._view.mantissas()).items()}
+        opt_arrays, opt_paths = checkpoint.tree_arrays('opt', self.opt_state)
+        arrays.update(opt_arrays)
+        arrays['rng/brainstate_key'] = np.asarray(
+            jax.random.key_data(brainstate.random.get_key()))
+        meta = dict(epoch=self.epoch, step=self.step, skipped_updates=self.skipped_updates,
+                    history=self.history, best=self.best, trainer=self.config(),
+                    run=self.run_config, fit=self._fit_config,
+                    units={n: str(unit) for n, unit in zip(self._view.names, self._view.units)},
+                    opt_paths=opt_paths,
+                    rng=None if self._rng is None else self._rng.bit_generator.state)
+        return arrays, meta
+
+    def _save_run(self, out_dir: Path, improved: bool) -> None:
+        arrays, meta = self._payload()
+        checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
+        if improved:
+            checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
+        self.write_logs(out_dir)
+
+    def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
+        """Write the trainer's state to the checkpoint file ``path`` (atomically).
+
+        It holds the parameters (mantissas, with their units), the optimiser
+        state, the shuffling generator and ``brainstate.random``'s key, epoch,
+        update counts, history, best epoch and the configuration; see
+        :mod:`braintrace_conv.training.checkpoint` for the format.
+        """
+        self._require_optimizer('save_checkpoint')
+        checkpoint.write(path, *self._payload())
+
+    def restore_checkpoint(self, path: Union[str, os.PathLike], *,
+                           run_config: Optional[dict] = None) -> None:
+        """Restore a checkpoint written by :meth:`save_checkpoint` (or :meth:`fit`).
+
+        Everything is checked before anything changes: the file's digest and
+        format, the trainer settings (and ``run_config`` if given), the
+        parameter names, shapes, dtypes and units, the optimiser state's
+        structure, and the generator states. Also restores
+        ``brainstate.random``'s key.
+
+        Raises
+        ------
+        FileNotFoundError
+            No file at ``path``.
+        CheckpointError
+            The file is not a valid checkpoint or does not fit this trainer
+            (:class:`~braintrace_conv.training.checkpoint.ConfigMismatchError`
+            names the settings that differ).
+        """
+        self._require_optimizer('restore_checkpoint (use load_params for inference)')
+        expected = dict(trainer=self.config())
+        if run_config is not None:
+            expected['run'] = run_config
+        self._restore(Path(path), expected)
+
+    def _restore(self, path: Path, expected: dict) -> None:
+        arrays, meta = checkpoint.read(path)
+        for key, given in expected.items():
+            checkpoint.check_config(meta, key, given, path)
+        params = checkpoint.params_from(arrays, meta, self._view, path, cast=False)
+        opt_state = checkpoint.tree_from('opt', arrays,
+                                         checkpoint.field(meta, 'opt_paths', list, path),
+                                         self.opt_state, path, 'optimiser state')
+        counts = {k: checkpoint.field(meta, k, int, path)
+                  for k in ('epoch', 'step', 'skipped_updates')}
+        history = checkpoint.field(meta, 'history', list, path)
+        best = meta.get('best')
+        if best is not None and not isinstance(best, dict):
+            raise checkpoint.CheckpointError(f'{path} has an invalid best entry: {best!r}.')
+        rng, key = _generators(meta.get('rng'), arrays.get('rng/brainstate_key'), path)
+        # everything is valid: only now change the trainer
+        self._view.assign(params)
+        self.opt_state = opt_state
+        self.epoch, self.step, self.skipped_updates = (counts['epoch'], counts['step'],
+                                                       counts['skipped_updates'])
+        self.history = history
+        self.best = best
+        self.run_config = meta.get('run', {})
+        self._fit_config = meta.get('fit', {})
+        self._rng = rng
+        brainstate.random.set_key(key)
+
+    def load_params(self, path: Union[str, os.PathLike], which: Optional[str] = None) -> dict:
+        """Load only the parameters of a checkpoint, for inference (no optimiser needed).
+
+        Parameters
+        ----------
+        path : path
+            A checkpoint file, or a run directory.
+        which : {'best', 'last'}, optional
+            In a run directory, which checkpoint; default the best if the run
+            has one (it was evaluated), else the last.
+
+        Returns
+        -------
+        dict
+            The checkpoint's metadata (``epoch``, ``history``, ``trainer``,
+            ``run``, ...). Names, shapes and units must match the model;
+            floating values are cast to the model's dtype. Nothing changes
+            unless everything matches.
+        """
+        file = run_dir.checkpoint_file(path, which)
+        arrays, meta = checkpoint.read(file)
+        self._view.assign(checkpoint.params_from(arrays, meta, self._view, file, cast=True))
+        return meta
+
+    # ------------------------------------------------------------------ logs
+    def metrics(self) -> dict:
+        """Summary of the run so far (the content of ``metrics.json``).
+
+        Keys: :meth:`config`, ``run_config``, ``epochs_completed``,
+        ``updates``, ``skipped_updates``, per-epoch lists ``train_loss`` and
+        ``train_accuracy``, ``test_accuracy`` (of the last epoch, or None
+        without evaluation), ``best`` and ``history`` (see :meth:`fit`).
+        """
+        last = self.history[-1] if self.history else {}
+        return dict(self.config(), run_config=self.run_config, epochs_completed=self.epoch,
+                    updates=self.step, skipped_updates=self.skipped_updates,
+                    train_loss=[r['train_loss'] for r in self.history],
+                    train_accuracy=[r['train_accuracy'] for r in self.history],
+                    test_accuracy=last.get('test_accuracy'), best=self.best,
+                    history=self.history)
+
+    def write_logs(self, out_dir: Union[str, os.PathLike], **extra) -> dict:
+        """Write ``metrics.json`` (:meth:`metrics` plus ``extra``) and
+        ``learning_curve.png`` into ``out_dir``; returns the metrics dict."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics = dict(self.metrics(), **extra)
+        logs.write_metrics(out_dir, metrics)
+        if self.history:
+            logs.write_curve(out_dir, self.history, logs.run_title({**self.run_config,
+                                                                     **self.config()}))
+        return metrics
+
+
+def _generators(state, key_data, path) -> tuple:
+    """The shuffling generator and ``brainstate.random`` key of a checkpoint, checked."""
+    try:
+        rng = None
+        if state is not None:
+            rng = np.random.Generator(np.random.PCG64())
+            rng.bit_generator.state = state
+        key = jax.random.wrap_key_data(jnp.asarray(key_data, jnp.uint32))
+    except (TypeError, ValueError, KeyError) as err:
+        raise checkpoint.CheckpointError(f'{path} has invalid generator states: {err}') from None
+    return rng, key
+
+
+def _summary_line(record: dict, epochs: int) -> str:
+    line = (f"epoch {record['epoch']}/{epochs}: train loss {record['train_loss']:.4f}, "
+            f"train acc {record['train_accuracy']:.1%}")
+    if record['skipped_updates']:
+        line += f", {record['skipped_updates']} update(s) skipped (non-finite)"
+    if 'test_accuracy' in record:
+        rates = ', '.join(f'{k} {v:.3f}' for k, v in record['spike_rates'].items())
+        line += f", test acc {record['test_accuracy']:.1%}, spike rates [{rates}]"
+    return line + f" ({record['epoch_time_s']:.1f} s)"
