@@ -1,20 +1,32 @@
-"""The ``braintrace-conv`` command: train a recurrent spiking conv net on event streams.
+"""The ``braintrace-conv`` command: train a recurrent spiking conv net on event streams,
+and evaluate a saved run.
 
 ``braintrace-conv train`` generates a dataset (no downloads), builds
 :func:`~braintrace_conv.models.recurrent_conv_snn`, trains it with the chosen
-executor through :class:`~braintrace_conv.training.Trainer` and writes
-``metrics.json``, ``learning_curve.png`` and ``checkpoint.pkl`` into ``--out``.
-It ends with the test accuracy, the wall time and the peak resident memory.
+executor through :class:`~braintrace_conv.training.Trainer` and writes the run
+directory ``--out`` (checkpoints, ``metrics.json``, ``scalars.csv``,
+``learning_curve.png``; see :mod:`braintrace_conv.training`). It ends with the
+test accuracy, the wall time and the peak resident memory. A directory that
+already holds a run is continued with ``--resume`` (with the same options) or
+replaced with ``--overwrite``, never overwritten silently.
 
-Exit codes: 0 on success, 2 for invalid arguments (one line on stderr).
+``braintrace-conv evaluate --run DIR`` rebuilds the data and model of a saved
+run from its stored options, loads its best (or ``--checkpoint last``)
+parameters and reports the test loss, accuracy and spike rates.
+
+Exit codes: 0 on success (also when ``--resume`` finds the run finished, which
+it reports); 2 for a user error (the usage line, then one line on stderr); 1
+for an I/O error during the run; 130 when interrupted.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import resource
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -24,9 +36,9 @@ import optax
 from . import BPTT, D_RTRL, ES_D_RTRL
 from .data import digits_saccades, moving_bars
 from .models import recurrent_conv_snn
-from .training import Trainer
+from .training import NONFINITE, Trainer, checkpoint, run_dir
 
-__all__ = ['main', 'build_parser', 'TASK_DEFAULTS']
+__all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'RUN_OPTIONS']
 
 PROG = 'braintrace-conv'
 
@@ -36,15 +48,30 @@ TASK_DEFAULTS = {
     'digits': dict(samples=1797, size=16, steps=24, epochs=6),
 }
 ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
+#: The options that define a run: stored with it, and equal on ``--resume``.
+RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'samples', 'size',
+               'steps', 'test_fraction', 'channels', 'tau', 'decay', 'update_every', 'loss',
+               'final_steps', 'nonfinite')
 
 
 class UsageError(Exception):
-    """An invalid command line; the message is shown as one line."""
+    """A user error: shown as the usage line and one line of message, exit code 2."""
+
+    def __init__(self, message: str, usage: str = ''):
+        super().__init__(message)
+        self.usage = usage
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise UsageError(message)
+        raise UsageError(message, self.format_usage())
+
+
+def _version() -> str:
+    try:
+        return metadata.version('braintrace_conv')
+    except metadata.PackageNotFoundError:
+        return 'unknown (not installed)'
 
 
 def _channels(text: str) -> tuple:
@@ -61,9 +88,11 @@ def _channels(text: str) -> tuple:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``braintrace-conv`` (errors raise :class:`UsageError`)."""
     parser = _Parser(prog=PROG, description='Online training of recurrent spiking conv nets.')
+    parser.add_argument('--version', action='version', version=f'{PROG} {_version()}')
     commands = parser.add_subparsers(dest='command', required=True, parser_class=_Parser)
     train = commands.add_parser(
-        'train', help='train a recurrent spiking conv net on a synthetic event dataset',
+        'train', usage='%(prog)s [options]  (see --help)',
+        help='train a recurrent spiking conv net on a synthetic event dataset',
         description='Train a recurrent spiking conv net. Task defaults: ' + '; '.join(
             f'{task}: ' + ', '.join(f'{k}={v}' for k, v in defaults.items())
             for task, defaults in TASK_DEFAULTS.items()) + '.')
@@ -74,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--seed', type=int, default=0,
                        help='seeds the data, the initial weights and the shuffling')
     train.add_argument('--out', type=Path,
-                       help='output directory (default runs/<task>-<algorithm>)')
+                       help='run directory (default runs/<task>-<algorithm>)')
     train.add_argument('--lr', type=float, default=5e-3,
                        help='peak Adam learning rate (cosine decay to 10%% of it)')
     train.add_argument('--samples', type=int, help='dataset size, train + test (task default)')
@@ -92,40 +121,106 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--loss', choices=('every-step', 'final'), default='every-step')
     train.add_argument('--final-steps', type=int, default=1,
                        help='with --loss final: number of last steps in the loss')
-    train.add_argument('--resume', action='store_true',
-                       help='continue from OUT/checkpoint.pkl if it exists')
+    train.add_argument('--nonfinite', choices=NONFINITE, default='skip',
+                       help='an update with a non-finite gradient is never applied: skip it '
+                            '(counted, warned) or stop the run')
+    train.add_argument('--log-every', type=int, default=1,
+                       help='batches between rows of scalars.csv (and TensorBoard)')
+    existing = train.add_mutually_exclusive_group()
+    existing.add_argument('--resume', action='store_true',
+                          help='continue the run in OUT from its last checkpoint (the run '
+                               'options must be those of the run)')
+    existing.add_argument('--overwrite', action='store_true',
+                          help='replace the run in OUT (otherwise a run there is an error)')
     train.add_argument('--quiet', action='store_true', help='no progress bar or epoch lines')
+    train.set_defaults(usage=train.format_usage())
+
+    evaluate = commands.add_parser(
+        'evaluate', usage='%(prog)s --run DIR [options]  (see --help)',
+        help='evaluate a saved run on its test set',
+        description='Rebuild the test set and model of a run written by "train", load its '
+                    'parameters and report test loss, accuracy and spike rates.')
+    evaluate.add_argument('--run', type=Path, required=True, help='run directory')
+    evaluate.add_argument('--checkpoint', choices=tuple(run_dir.CHECKPOINTS),
+                          help='which parameters (default: best if the run has it, else last)')
+    evaluate.add_argument('--batch-size', type=int, default=64)
+    evaluate.set_defaults(usage=evaluate.format_usage())
     return parser
 
 
-def _resolve(args: argparse.Namespace) -> argparse.Namespace:
+def _option(name: str) -> str:
+    return '--' + name.replace('_', '-')
+
+
+def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     """Fill task defaults and check ranges; raises :class:`UsageError`."""
+    def fail(message):
+        raise UsageError(message, usage)
+
     for key, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for name in ('epochs', 'batch_size', 'samples', 'size', 'steps', 'final_steps'):
+    for name in ('epochs', 'batch_size', 'samples', 'size', 'steps', 'final_steps', 'log_every'):
         if getattr(args, name) <= 0:
-            raise UsageError(f'--{name.replace("_", "-")} must be positive, got '
-                             f'{getattr(args, name)}')
+            fail(f'{_option(name)} must be positive, got {getattr(args, name)}')
+    if args.seed < 0:
+        fail(f'--seed must be non-negative, got {args.seed}')
     if args.update_every is not None and args.update_every <= 0:
-        raise UsageError(f'--update-every must be positive, got {args.update_every}')
+        fail(f'--update-every must be positive, got {args.update_every}')
     if not (args.lr > 0 and math.isfinite(args.lr)):
-        raise UsageError(f'--lr must be a positive number, got {args.lr}')
-    if not args.tau > 0:
-        raise UsageError(f'--tau must be positive, got {args.tau}')
+        fail(f'--lr must be a positive number, got {args.lr}')
+    if not (args.tau > 0 and math.isfinite(args.tau)):
+        fail(f'--tau must be a positive number, got {args.tau}')
     if not 0 < args.test_fraction < 1:
-        raise UsageError(f'--test-fraction must lie in (0, 1), got {args.test_fraction}')
+        fail(f'--test-fraction must lie in (0, 1), got {args.test_fraction}')
     if args.decay is not None and not 0 < args.decay <= 1:
-        raise UsageError(f'--decay must lie in (0, 1], got {args.decay}')
+        fail(f'--decay must lie in (0, 1], got {args.decay}')
     if args.decay is not None and args.algorithm != 'es-d-rtrl':
-        raise UsageError('--decay applies only to --algorithm es-d-rtrl')
+        fail('--decay applies only to --algorithm es-d-rtrl')
     if args.loss == 'final' and args.final_steps > args.steps:
-        raise UsageError(f'--final-steps ({args.final_steps}) exceeds --steps ({args.steps})')
+        fail(f'--final-steps ({args.final_steps}) exceeds --steps ({args.steps})')
     if args.out is None:
         args.out = Path('runs') / f'{args.task}-{args.algorithm}'
-    if args.out.exists() and not args.out.is_dir():
-        raise UsageError(f'--out {args.out} exists and is not a directory')
     return args
+
+
+def _run_config(args) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in vars(args).items() if k in RUN_OPTIONS}
+
+
+def _available_memory() -> Optional[int]:
+    """Bytes of memory available to a new allocation (None if unknown)."""
+    try:
+        with open('/proc/meminfo') as f:
+            for line in f:
+                if line.startswith('MemAvailable:'):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _bytes(n: int) -> str:
+    for unit in ('B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'):
+        if n < 1024 or unit == 'PiB':
+            return f'{n:.3g} {unit}'
+        n /= 1024
+
+
+def _check_memory(args, usage: str) -> None:
+    """Refuse, before allocating it, a dataset that cannot fit in memory: its float32
+    events ``samples x steps x 2 x size x size``, held twice (the data and its split)."""
+    need = 2 * 4 * args.samples * args.steps * 2 * args.size ** 2
+    available = _available_memory()
+    if available is not None and need > available:
+        raise UsageError(f'the dataset needs about {_bytes(need)} ({args.samples} samples x '
+                         f'{args.steps} steps x 2 x {args.size} x {args.size} float32, with its '
+                         f'train/test split) but {_bytes(available)} of memory is available; '
+                         f'lower --samples, --size or --steps', usage)
 
 
 def _dataset(args):
@@ -145,50 +240,146 @@ def _learner(args, model):
     return ES_D_RTRL(model, decay)
 
 
-def _setup(args):
-    """``(trainer, train set, test set)``; bad values raise ValueError/TypeError."""
-    data = _dataset(args)
-    train, test = data.split(args.test_fraction, seed=args.seed)
-    if args.batch_size > len(train):
-        raise ValueError(f'--batch-size ({args.batch_size}) exceeds the {len(train)} training '
-                         f'samples')
-    brainstate.random.seed(args.seed)
-    model = recurrent_conv_snn(data.frame_shape, data.num_classes, channels=args.channels,
-                               tau=args.tau)
-    total_updates = args.epochs * (len(train) // args.batch_size)
-    if args.update_every is not None:
-        total_updates *= math.ceil(args.steps / args.update_every)
-    schedule = optax.cosine_decay_schedule(args.lr, total_updates, alpha=0.1)
-    trainer = Trainer(_learner(args, model), optax.adam(schedule),
-                      loss=args.loss.replace('-', '_'), final_steps=args.final_steps,
-                      update_every=args.update_every)
-    return trainer, train, test
-
-
-def _run(argv: Optional[Sequence[str]], start: float) -> int:
-    args = _resolve(build_parser().parse_args(argv))
+def _setup(args, usage: str, *, train: bool = True):
+    """``(trainer, train set, test set)`` from the run options; bad values raise
+    :class:`UsageError`."""
+    _check_memory(args, usage)
     try:
-        trainer, train, test = _setup(args)
+        data = _dataset(args)
+        train_set, test_set = data.split(args.test_fraction, seed=args.seed)
+        if args.batch_size > len(train_set):
+            raise ValueError(f'--batch-size ({args.batch_size}) exceeds the {len(train_set)} '
+                             f'training samples')
+        brainstate.random.seed(args.seed)
+        model = recurrent_conv_snn(data.frame_shape, data.num_classes,
+                                   channels=args.channels, tau=args.tau)
+        optimizer = None
+        if train:
+            total_updates = args.epochs * (len(train_set) // args.batch_size)
+            if args.update_every is not None:
+                total_updates *= math.ceil(args.steps / args.update_every)
+            optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, total_updates,
+                                                               alpha=0.1))
+        trainer = Trainer(_learner(args, model), optimizer, loss=args.loss.replace('-', '_'),
+                          final_steps=args.final_steps, update_every=args.update_every,
+                          nonfinite=args.nonfinite)
     except (ValueError, TypeError) as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(str(error), usage) from None
+    return trainer, train_set, test_set
+
+
+def _shown(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ','.join(map(str, value))
+    return 'unset' if value is None else str(value)
+
+
+def _check_resume(args, usage: str) -> Optional[dict]:
+    """The metadata of the run to resume, checked against the options; ``None`` with a
+    message if the run is already finished."""
+    path = args.out / run_dir.LAST_CHECKPOINT
+    try:
+        _, meta = checkpoint.read(path)
+        stored = checkpoint.field(meta, 'run', dict, path)
+    except checkpoint.CheckpointError as error:
+        raise UsageError(f'--resume: {error}', usage) from None
+    differences = checkpoint.config_differences(stored, _run_config(args))
+    if differences:
+        listed = ', '.join(f'{_option(k)} {_shown(old)} (now {_shown(new)})'
+                           for k, (old, new) in differences.items())
+        raise UsageError(f'--resume: the run in {args.out} was trained with other options: '
+                         f'{listed}; give the same options, or another --out', usage)
+    if meta.get('epoch', 0) >= args.epochs:
+        print(f'the run in {args.out} is already finished ({meta["epoch"]}/{args.epochs} '
+              f'epochs); nothing to do. Evaluate it with: {PROG} evaluate --run {args.out}')
+        return None
+    return meta
+
+
+def _train(args, usage: str, start: float) -> int:
+    args = _resolve(args, usage)
+    try:
+        run_dir.check(args.out, resume=args.resume, overwrite=args.overwrite)
+    except FileExistsError:
+        found = ', '.join(run_dir.run_files(args.out))
+        raise UsageError(f'--out {args.out} already holds a run ({found}); pass --resume to '
+                         f'continue it or --overwrite to replace it', usage) from None
+    except FileNotFoundError:
+        raise UsageError(f'--resume: {args.out} has no checkpoint '
+                         f'({run_dir.LAST_CHECKPOINT}) to resume', usage) from None
+    except ValueError as error:
+        raise UsageError(f'--out: {error}', usage) from None
+    if args.resume and _check_resume(args, usage) is None:
+        return 0
+    trainer, train, test = _setup(args, usage)
+    try:
+        run_dir.create(args.out, overwrite=False)
+    except OSError as error:
+        raise UsageError(f'--out {args.out} cannot be written: {error.strerror or error}',
+                         usage) from None
     learner = trainer.learner
     if not args.quiet:
         print(f'{args.task}: {len(train)} train / {len(test)} test samples, '
               f'T={train.num_steps}, frames {train.frame_shape}; {learner.algorithm}'
               + (f' (decay {learner.decay:.4f})' if isinstance(learner, ES_D_RTRL) else '')
-              + f'; output {args.out}', flush=True)
-    trainer.fit(train, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed,
-                eval_dataset=test, out_dir=args.out, progress=not args.quiet,
-                resume=args.resume)
+              + f'; run directory {args.out}', flush=True)
+    try:
+        trainer.fit(train, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed,
+                    eval_dataset=test, out_dir=args.out, progress=not args.quiet,
+                    resume=args.resume, overwrite=args.overwrite, run_config=_run_config(args),
+                    log_every=args.log_every)
+    except checkpoint.CheckpointError as error:
+        raise UsageError(f'--resume: {error}', usage) from None
+    except KeyboardInterrupt:
+        if trainer.epoch:
+            hint = (f'epochs 1-{trainer.epoch} are saved in {args.out}; rerun with --resume and '
+                    f'the same options to continue')
+        else:
+            hint = 'no epoch was completed; rerun with --overwrite to start again'
+        print(f'{PROG}: interrupted; {hint}', file=sys.stderr)
+        raise SystemExit(130)
     wall = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     metrics = trainer.write_logs(args.out, task=args.task, wall_time_s=wall,
-                                 peak_rss_mb=peak_mb, num_train=len(train),
-                                 num_test=len(test), args=config)
+                                 peak_rss_mb=peak_mb, num_train=len(train), num_test=len(test))
     print(f"test accuracy {metrics['test_accuracy']:.1%} | wall time {wall:.1f} s | "
           f"peak RSS {peak_mb:.0f} MB")
     return 0
+
+
+def _evaluate(args, usage: str) -> int:
+    if args.batch_size <= 0:
+        raise UsageError(f'--batch-size must be positive, got {args.batch_size}', usage)
+    try:
+        path = run_dir.checkpoint_file(args.run, args.checkpoint)
+        _, meta = checkpoint.read(path)
+        stored = checkpoint.field(meta, 'run', dict, path)
+    except (FileNotFoundError, checkpoint.CheckpointError) as error:
+        raise UsageError(f'--run: {error}', usage) from None
+    missing = [k for k in RUN_OPTIONS if k not in stored]
+    if missing:
+        raise UsageError(f'--run: {path} was not written by "{PROG} train" (its run options '
+                         f'lack {", ".join(missing)})', usage)
+    run = argparse.Namespace(**{k: stored[k] for k in RUN_OPTIONS})
+    run.channels = tuple(run.channels)
+    trainer, _, test = _setup(run, usage, train=False)
+    try:
+        meta = trainer.load_params(path)
+    except checkpoint.CheckpointError as error:
+        raise UsageError(f'--run: {error}', usage) from None
+    result = trainer.evaluate(test, args.batch_size)
+    rates = ', '.join(f'{k} {v:.3f}' for k, v in result['spike_rates'].items())
+    print(f'{path.name} (epoch {meta["epoch"]}) of {args.run}: {run.task}, {len(test)} test '
+          f'samples: test accuracy {result["accuracy"]:.1%}, test loss {result["loss"]:.4f}, '
+          f'spike rates [{rates}]')
+    return 0
+
+
+def _run(argv: Optional[Sequence[str]], start: float) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == 'train':
+        return _train(args, args.usage, start)
+    return _evaluate(args, args.usage)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -197,14 +388,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return _run(argv, start)
     except UsageError as error:
-        print(f'{PROG}: error: {" ".join(str(error).split())}', file=sys.stderr)
+        print(f'{error.usage.strip()}\n{PROG}: error: {" ".join(str(error).split())}',
+              file=sys.stderr)
         return 2
-    except SystemExit as exit_:   # --help
+    except SystemExit as exit_:   # --help, --version, interruption
         return exit_.code if isinstance(exit_.code, int) else 0
     except KeyboardInterrupt:
-        print(f'{PROG}: interrupted; rerun with --resume to continue from the last epoch',
-              file=sys.stderr)
+        print(f'{PROG}: interrupted', file=sys.stderr)
         return 130
+    except OSError as error:
+        print(f'{PROG}: error: {error}', file=sys.stderr)
+        return 1
 
 
 if __name__ == '__main__':

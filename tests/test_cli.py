@@ -1,13 +1,20 @@
-"""The braintrace-conv command: tiny end-to-end runs and one-line errors for bad arguments."""
+"""The braintrace-conv command: tiny end-to-end runs, evaluate, resume and overwrite.
+
+User errors (one line, exit code 2, nothing written) are in test_cli_bad_inputs.py.
+"""
 import json
+import re
 
 import pytest
 
 from braintrace_conv.cli import main
+from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, SCALARS_NAME,
+                                      checkpoint)
 
 TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
         '--batch-size', '12', '--quiet']
-REQUIRED = {'test_accuracy', 'train_loss', 'algorithm', 'task', 'wall_time_s', 'peak_rss_mb'}
+REQUIRED = {'test_accuracy', 'train_loss', 'algorithm', 'task', 'wall_time_s', 'peak_rss_mb',
+            'run_config', 'skipped_updates'}
 
 
 @pytest.mark.parametrize('extra, algorithm', [
@@ -20,39 +27,73 @@ def test_train_smoke(tmp_path, capsys, extra, algorithm):
     assert REQUIRED <= set(metrics)
     assert metrics['algorithm'] == algorithm and len(metrics['train_loss']) == 1
     assert 0 <= metrics['test_accuracy'] <= 1 and metrics['peak_rss_mb'] > 0
-    assert (tmp_path / 'learning_curve.png').exists()
+    assert metrics['run_config']['batch_size'] == 12 and metrics['run_config']['channels'] == [2, 4]
+    for name in (CURVE_NAME, SCALARS_NAME, LAST_CHECKPOINT, BEST_CHECKPOINT):
+        assert (tmp_path / name).exists(), name
     out = capsys.readouterr().out
     assert 'test accuracy' in out and 'wall time' in out and 'peak RSS' in out
 
 
-@pytest.mark.parametrize('argv', [
-    [],
-    ['train', '--epochs', '0'],
-    ['train', '--epochs', 'two'],
-    ['train', '--batch-size', '-4'],
-    ['train', '--algorithm', 'sgd'],
-    ['train', '--task', 'cifar10'],
-    ['train', '--lr', '0'],
-    ['train', '--test-fraction', '1.5'],
-    ['train', '--channels', '8,x'],
-    ['train', '--no-such-option'],
-    ['train', '--algorithm', 'bptt', '--decay', '0.9'],
-    ['train', '--loss', 'final', '--final-steps', '30', '--steps', '20'],
-    ['train', '--samples', '48', '--size', '8', '--steps', '6', '--batch-size', '40'],
-    ['train', '--task', 'digits', '--samples', '5000'],
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp('cli') / 'run'
+    assert main(['train', *TINY, '--out', str(out)]) == 0
+    return out
+
+
+def test_evaluate_reports_the_saved_run(run, capsys):
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(run)]) == 0
+    best = json.loads((run / 'metrics.json').read_text())['best']
+    line = capsys.readouterr().out
+    assert f"{BEST_CHECKPOINT} (epoch {best['epoch']})" in line
+    assert f"test accuracy {best['test_accuracy']:.1%}" in line and 'spike rates' in line
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(run, capsys):
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(['train', *TINY, '--out', str(run), '--resume']) == 0
+    assert 'already finished (1/1 epochs); nothing to do' in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_overwrite_replaces_the_run(run, tmp_path):
+    out = tmp_path / 'run'
+    out.mkdir()
+    for p in run.iterdir():
+        if p.is_file():
+            (out / p.name).write_bytes(p.read_bytes())
+    (out / 'notes.txt').write_text('mine')
+    assert main(['train', *TINY, '--seed', '1', '--out', str(out), '--overwrite']) == 0
+    assert checkpoint.read(out / LAST_CHECKPOINT)[1]['run']['seed'] == 1
+    assert (out / 'notes.txt').read_text() == 'mine'
+
+
+@pytest.mark.parametrize('epochs_done, hint', [
+    (0, 'no epoch was completed; rerun with --overwrite to start again'),
+    (2, 'epochs 1-2 are saved in .*; rerun with --resume and the same options to continue'),
 ])
-def test_bad_arguments_give_one_line_error(tmp_path, capsys, argv):
-    code = main([*argv, '--out', str(tmp_path / 'run')] if argv else argv)
-    captured = capsys.readouterr()
-    assert code == 2
-    assert captured.err.startswith('braintrace-conv: error: ')
-    assert captured.err.strip().count('\n') == 0 and 'Traceback' not in captured.err
-    assert not (tmp_path / 'run' / 'metrics.json').exists()
+def test_interrupt_says_how_to_continue(tmp_path, capsys, monkeypatch, epochs_done, hint):
+    from braintrace_conv.training import Trainer
+
+    def interrupted(self, *args, **kwargs):
+        self.epoch = epochs_done
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, 'fit', interrupted)
+    assert main(['train', *TINY, '--out', str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert re.fullmatch(f'braintrace-conv: interrupted; {hint}\n', err), err
 
 
-def test_help_returns_zero(capsys):
+def test_help_and_version(capsys):
     assert main(['train', '--help']) == 0
-    assert '--update-every' in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert all(option in text for option in ('--update-every', '--resume', '--overwrite',
+                                             '--nonfinite', '--log-every'))
+    assert main(['--version']) == 0
+    assert capsys.readouterr().out.startswith('braintrace-conv ')
 
 
 @pytest.mark.slow

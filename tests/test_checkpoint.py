@@ -1,0 +1,153 @@
+"""Checkpoints and run directories: last and best, inference loading, atomic writes, and a
+run killed mid-way that resumes to the bitwise result of an uninterrupted one.
+
+Refused checkpoints (crafted, corrupt, mismatched) are in test_training_bad_inputs.py.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+
+import brainstate
+import numpy as np
+import optax
+import pytest
+
+import braintrace_conv as bc
+from braintrace_conv.data import moving_bars
+from braintrace_conv.models import recurrent_conv_snn
+from braintrace_conv.training import (BEST_CHECKPOINT, LAST_CHECKPOINT, SCALAR_COLUMNS,
+                                      SCALARS_NAME, Trainer, checkpoint)
+
+T, SIZE = 6, (8, 8)
+
+
+def trainer(seed=0, optimizer=True):
+    brainstate.random.seed(seed)
+    model = recurrent_conv_snn((2,) + SIZE, 8, channels=(2, 4))
+    return Trainer(bc.ES_D_RTRL(model, model.membrane_decay()),
+                   optax.adam(2e-2) if optimizer else None)
+
+
+@pytest.fixture(scope='module')
+def data():
+    return moving_bars(48, T=T, size=SIZE, seed=0).split(0.25, seed=0)
+
+
+@pytest.fixture(scope='module')
+def run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp('run')
+    tr = trainer()
+    tr.fit(data[0], epochs=3, batch_size=12, eval_dataset=data[1], out_dir=out, progress=False)
+    return out, tr
+
+
+def test_last_and_best_checkpoints(run, data):
+    out, tr = run
+    _, last = checkpoint.read(out / LAST_CHECKPOINT)
+    _, best = checkpoint.read(out / BEST_CHECKPOINT)
+    accuracies = [r['test_accuracy'] for r in tr.history]
+    best_epoch = 1 + int(np.argmax(accuracies))            # the first of equal maxima
+    assert last['epoch'] == 3 and last['history'] == json.loads(json.dumps(tr.history))
+    assert best['epoch'] == best_epoch == tr.best['epoch']
+    assert best['best'] == dict(epoch=best_epoch, test_accuracy=max(accuracies))
+    assert best['run'] == {} and best['trainer'] == tr.config()
+    assert best['fit']['batch_size'] == 12 and len(best['fit']['train_data']['sha256']) == 64
+
+
+def test_load_params_for_inference_needs_no_optimizer(run, data):
+    out, tr = run
+    inference = trainer(seed=5, optimizer=False)
+    meta = inference.load_params(out)                       # default: the best checkpoint
+    assert meta['epoch'] == tr.best['epoch']
+    assert inference.evaluate(data[1], 12)['accuracy'] == tr.best['test_accuracy']
+    inference.load_params(out, which='last')
+    final = tr.evaluate(data[1], 12)
+    assert inference.evaluate(data[1], 12) == final
+    assert final['accuracy'] == tr.history[-1]['test_accuracy']
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint(run, tmp_path, monkeypatch):
+    out, tr = run
+    path = tmp_path / 'ckpt.npz'
+    tr.save_checkpoint(path)
+    before = path.read_bytes()
+
+    def disk_full(fd):
+        raise OSError(28, 'No space left on device')
+
+    monkeypatch.setattr(os, 'fsync', disk_full)
+    with pytest.raises(OSError, match='No space left'):
+        tr.save_checkpoint(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ['ckpt.npz']
+
+
+def test_overwrite_replaces_only_the_run_files(run, data, tmp_path):
+    out = tmp_path / 'out'
+    out.mkdir()
+    (out / 'notes.txt').write_text('mine')
+    for name in os.listdir(run[0]):
+        if name != 'tensorboard':
+            (out / name).write_bytes((run[0] / name).read_bytes())
+    tr = trainer(seed=2)
+    tr.fit(data[0], epochs=1, batch_size=12, out_dir=out, overwrite=True, progress=False,
+           tensorboard=False)
+    assert (out / 'notes.txt').read_text() == 'mine'
+    assert checkpoint.read(out / LAST_CHECKPOINT)[1]['epoch'] == 1
+    assert not (out / BEST_CHECKPOINT).exists()             # this run has no evaluation
+
+
+def test_tensorboard_events(run):
+    pytest.importorskip('tensorboardX')
+    events = os.listdir(run[0] / 'tensorboard')
+    assert any(name.startswith('events.out.tfevents') for name in events)
+
+
+# ----------------------------------------------------------------------------- kill and resume
+TINY = ['train', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
+        '--batch-size', '12', '--epochs', '6', '--quiet']
+
+
+def cli(out, *extra):
+    return subprocess.Popen([sys.executable, '-m', 'braintrace_conv.cli', *TINY, '--out', str(out),
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def scalars(out):
+    with open(out / SCALARS_NAME, newline='') as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == list(SCALAR_COLUMNS)
+    return [row[:-1] for row in rows[1:]]                   # all but the time column
+
+
+def test_killed_run_resumes_to_the_bitwise_result_of_an_uninterrupted_one(tmp_path):
+    straight = cli(tmp_path / 'straight')
+    victim = cli(tmp_path / 'killed')
+    first = tmp_path / 'killed' / LAST_CHECKPOINT
+    deadline = time.monotonic() + 300
+    while not first.exists():
+        assert victim.poll() is None, victim.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    victim.kill()
+    victim.communicate()
+    interrupted_at = checkpoint.read(first)[1]['epoch']
+    assert victim.returncode == -9 and 1 <= interrupted_at < 6
+
+    resumed = cli(tmp_path / 'killed', '--resume')
+    assert resumed.wait(300) == 0, resumed.communicate()
+    assert straight.wait(300) == 0, straight.communicate()
+    a, meta_a = checkpoint.read(tmp_path / 'straight' / LAST_CHECKPOINT)
+    b, meta_b = checkpoint.read(tmp_path / 'killed' / LAST_CHECKPOINT)
+    assert a.keys() == b.keys() and any(k.startswith('opt/') for k in a)
+    for name in a:                                           # params, optimiser state, RNG key
+        assert a[name].dtype == b[name].dtype
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    for meta in (meta_a, meta_b):
+        for record in meta['history']:
+            record.pop('epoch_time_s')
+    assert meta_a == meta_b and meta_a['epoch'] == 6
+    assert scalars(tmp_path / 'straight') == scalars(tmp_path / 'killed')

@@ -1,0 +1,135 @@
+"""User errors on the command line: the usage line, then one line naming the problem, exit
+code 2, no traceback, and nothing on disk created or changed."""
+import hashlib
+import os
+import re
+
+import pytest
+
+from braintrace_conv.cli import main
+from braintrace_conv.training import LAST_CHECKPOINT
+
+TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
+        '--batch-size', '12', '--quiet']
+
+
+@pytest.fixture(scope='module')
+def root(tmp_path_factory):
+    """``run``: a finished run; ``corrupt``: its copy with one flipped byte; ``library``: a
+    checkpoint without command-line options; ``empty``: an empty directory; ``file``: a file."""
+    root = tmp_path_factory.mktemp('cli-bad')
+    assert main(['train', *TINY, '--out', str(root / 'run')]) == 0
+    good = (root / 'run' / LAST_CHECKPOINT).read_bytes()
+    (root / 'corrupt').mkdir()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    (root / 'corrupt' / LAST_CHECKPOINT).write_bytes(bytes(bad))
+    (root / 'empty').mkdir()
+    (root / 'file').write_text('not a directory')
+    (root / 'pickle').mkdir()
+    (root / 'pickle' / LAST_CHECKPOINT).write_bytes(b'\x80\x04N.')
+    return root
+
+
+def files_of(directory) -> dict:
+    return {os.path.relpath(os.path.join(r, f), directory):
+            hashlib.sha256(open(os.path.join(r, f), 'rb').read()).hexdigest()
+            for r, _, names in os.walk(directory) for f in names}
+
+
+TRAIN = ['train', *TINY]
+
+CASES = [
+    # arguments
+    ([], 'the following arguments are required: command'),
+    (['fly'], "invalid choice: 'fly'"),
+    (['train', '--epochs', '0'], '--epochs must be positive, got 0'),
+    (['train', '--epochs', 'two'], "argument --epochs: invalid int value: 'two'"),
+    (['train', '--batch-size', '-4'], '--batch-size must be positive, got -4'),
+    (['train', '--algorithm', 'sgd'], "argument --algorithm: invalid choice: 'sgd'"),
+    (['train', '--task', 'cifar10'], "argument --task: invalid choice: 'cifar10'"),
+    (['train', '--lr', '0'], '--lr must be a positive number, got 0.0'),
+    (['train', '--lr', 'nan'], '--lr must be a positive number, got nan'),
+    (['train', '--tau', 'inf'], '--tau must be a positive number, got inf'),
+    (['train', '--test-fraction', '1.5'], r'--test-fraction must lie in \(0, 1\), got 1.5'),
+    (['train', '--channels', '8,x'], "expected comma-separated ints such as 8,16, got '8,x'"),
+    (['train', '--channels', '8,0'], "channels must be positive, got '8,0'"),
+    (['train', '--no-such-option'], 'unrecognized arguments: --no-such-option'),
+    (['train', '--algorithm', 'bptt', '--decay', '0.9'],
+     '--decay applies only to --algorithm es-d-rtrl'),
+    (['train', '--decay', '1.5'], r'--decay must lie in \(0, 1\], got 1.5'),
+    (['train', '--loss', 'final', '--final-steps', '30', '--steps', '20'],
+     r'--final-steps \(30\) exceeds --steps \(20\)'),
+    (['train', '--update-every', '0'], '--update-every must be positive, got 0'),
+    (['train', '--log-every', '0'], '--log-every must be positive, got 0'),
+    (['train', '--seed', '-1'], '--seed must be non-negative, got -1'),
+    (['train', '--nonfinite', 'ignore'], "argument --nonfinite: invalid choice: 'ignore'"),
+    ([*TRAIN, '--batch-size', '40'], r'--batch-size \(40\) exceeds the 32 training samples'),
+    (['train', '--task', 'digits', '--samples', '5000'], 'n_samples'),
+    (['train', '--size', '100000'], r'the dataset needs about 5.82 PiB \(2048 samples x 20 '
+                                    r'steps x 2 x 100000 x 100000 float32.*lower --samples'),
+    # run directories
+    ([*TRAIN, '--out', '{run}'], r'--out .*run already holds a run \(checkpoint-last.npz, '
+                                 r'checkpoint-best.npz, .*pass --resume to continue it or '
+                                 r'--overwrite to replace it'),
+    ([*TRAIN, '--out', '{run}', '--resume', '--overwrite'],
+     'argument --overwrite: not allowed with argument --resume'),
+    ([*TRAIN, '--out', '{empty}', '--resume'],
+     r'--resume: .*empty has no checkpoint \(checkpoint-last.npz\) to resume'),
+    ([*TRAIN, '--out', '{run}', '--resume', '--update-every', '2'],
+     r'--resume: the run in .* was trained with other options: --update-every unset \(now 2\); '
+     r'give the same options, or another --out'),
+    ([*TRAIN, '--out', '{run}', '--resume', '--channels', '4,8', '--task', 'digits'],
+     r'other options: --channels 2,4 \(now 4,8\), --task moving-bars \(now digits\)'),
+    ([*TRAIN, '--out', '{corrupt}', '--resume'], '--resume: .* is corrupt'),
+    ([*TRAIN, '--out', '{pickle}', '--resume'], '--resume: .* never unpickled'),
+    ([*TRAIN, '--out', '{file}'], '--out: .*file exists and is not a directory'),
+    ([*TRAIN, '--out', '/proc/no-such-dir/run'],
+     '--out /proc/no-such-dir/run cannot be written: No such file or directory'),
+    # evaluate
+    (['evaluate'], 'the following arguments are required: --run'),
+    (['evaluate', '--run', '{empty}'], r'--run: .*empty holds no checkpoint'),
+    (['evaluate', '--run', '{root}/absent'], r'--run: no checkpoint at .*absent'),
+    (['evaluate', '--run', '{corrupt}'], '--run: .* is corrupt'),
+    (['evaluate', '--run', '{run}', '--checkpoint', 'worst'],
+     "argument --checkpoint: invalid choice: 'worst'"),
+    (['evaluate', '--run', '{run}', '--batch-size', '0'], '--batch-size must be positive, got 0'),
+]
+
+
+@pytest.mark.parametrize('argv, match', CASES)
+def test_user_error_is_one_line_and_changes_nothing(root, capsys, argv, match):
+    paths = {name: str(root / name) for name in ('run', 'corrupt', 'empty', 'file', 'pickle')}
+    argv = [a.format(root=root, **paths) for a in argv]
+    if argv[:1] == ['train'] and '--out' not in argv:
+        argv += ['--out', str(root / 'new')]
+    before = files_of(root)
+    capsys.readouterr()
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    usage, error = captured.err.rstrip('\n').split('\n')
+    assert usage.startswith('usage: braintrace-conv'), captured.err
+    assert error.startswith('braintrace-conv: error: '), captured.err
+    assert 'Traceback' not in captured.err and captured.out == ''
+    assert re.search(match, error), error
+    assert files_of(root) == before and not (root / 'new').exists()
+
+
+def test_a_library_run_is_not_evaluated_as_a_command_line_run(root, tmp_path, capsys):
+    import brainstate
+    import optax
+
+    import braintrace_conv as bc
+    from braintrace_conv.data import moving_bars
+    from braintrace_conv.models import recurrent_conv_snn
+
+    brainstate.random.seed(0)
+    model = recurrent_conv_snn((2, 8, 8), 8, channels=(2, 4))
+    trainer = bc.Trainer(bc.BPTT(model), optax.adam(1e-2))
+    trainer.fit(moving_bars(16, T=4, size=(8, 8), seed=0), epochs=1, batch_size=8,
+                out_dir=tmp_path, progress=False, tensorboard=False)
+    before = files_of(tmp_path)
+    assert main(['evaluate', '--run', str(tmp_path)]) == 2
+    assert 'was not written by "braintrace-conv train" (its run options lack task' in \
+        capsys.readouterr().err
+    assert files_of(tmp_path) == before
