@@ -454,7 +454,8 @@ def test_a_run_is_never_overwritten_silently(run, data, tmp_path):
     fit = dict(epochs=2, batch_size=8, eval_dataset=data[1], progress=False)
     tr = trainer(seed=9)
     refused(tr, lambda: tr.fit(data[0], out_dir=out, **fit), FileExistsError,
-            'already holds a run .*checkpoint-last.npz.*; resume it or overwrite it', out)
+            'already holds a run .*checkpoint-last.npz.*; pass resume=True to continue it or '
+            'overwrite=True to replace it', out)
     refused(tr, lambda: tr.fit(data[0], out_dir=out, resume=True, overwrite=True, **fit),
             ValueError, 'resume and overwrite exclude each other', out)
     refused(tr, lambda: tr.fit(data[0], out_dir=tmp_path, resume=True, **fit),

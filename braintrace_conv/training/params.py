@@ -1,12 +1,12 @@
 """A model's parameters as one pytree of mantissas, each in its parameter's own unit.
 
 Optimisers act on plain arrays. A ``saiunit`` parameter ``W = w * unit`` is
-optimised through its mantissa ``w``: the optimiser sees ``w`` and
-``dL/dw`` (the mantissa of ``dL/dW`` in ``1 / unit``), and the updated ``w``
-is put back as ``w * unit``.
-So a learning rate is in mantissa units of each parameter (an SGD step moves
-``W`` by ``lr * dL/dw`` *in its own unit*); scale-free optimisers such as Adam
-behave the same for any choice of unit.
+optimised through its mantissa ``w``: the optimiser sees ``w`` and ``dL/dw``
+(the mantissa of ``dL/dW`` expressed in ``1 / unit``), and the updated ``w`` is
+put back as ``w * unit``. Step sizes are therefore in each parameter's own
+unit: Adam moves ``w`` by about ``lr`` per step, i.e. ``W`` by about
+``lr * unit`` (0.005 mV for a weight stored in mV, 0.005 V for one stored in
+V), so store a parameter in a unit in which its values are of order one.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class ParamView:
         paths, self.treedef = jax.tree_util.tree_flatten_with_path(self._values(),
                                                                    is_leaf=_is_quantity)
         self.names = [_leaf_name(p) for p, _ in paths]
-        self.units = [u.get_unit(leaf) for _, leaf in paths]
+        self.units = [split_unit(leaf, name)[1] for name, (_, leaf) in zip(self.names, paths)]
 
     def _values(self) -> dict:
         return {k: st.value for k, st in self._states.items()}
@@ -54,7 +54,8 @@ class ParamView:
     def mantissas(self) -> dict:
         """The current parameter values without their units."""
         leaves = jax.tree.leaves(self._values(), is_leaf=_is_quantity)
-        return jax.tree.unflatten(self.treedef, [u.get_mantissa(v) for v in leaves])
+        return jax.tree.unflatten(self.treedef, [split_unit(v, name)[0]
+                                                 for name, v in zip(self.names, leaves)])
 
     def assign(self, mantissas: dict) -> None:
         """Write ``mantissas`` back to the model, each with its parameter's unit."""

@@ -68,7 +68,8 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
         found = run_files(directory)
         if found:
             raise FileExistsError(f'{directory} already holds a run ({", ".join(found)}); '
-                                  f'resume it or overwrite it.')
+                                  f'pass resume=True to continue it or overwrite=True to '
+                                  f'replace it.')
     return directory
 
 

@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from .._validation import class_labels, finite, non_negative, one_of, positive
 from ..executors import Learner
+from ..units import split_unit
 from . import checkpoint, logs, run_dir
 from .loss import LOSSES, predicted_labels, sequence_loss, step_weights, weighted_cross_entropy
 from .params import ParamView
@@ -188,8 +189,8 @@ class Trainer:
             except Exception as err:   # the model's own check of its input, whatever its type
                 raise ValueError(f'{name} does not fit the model: one step of shape (B, '
                                  f'{", ".join(map(str, frame_shape))}) gives: {err}') from err
-            unit = u.get_unit(out) if isinstance(out, u.Quantity) else u.UNITLESS
-            out = u.get_mantissa(out) if isinstance(out, u.Quantity) else out
+            if isinstance(out, (jax.ShapeDtypeStruct, u.Quantity)):
+                out, unit = split_unit(out, 'the model output')
             if not isinstance(out, jax.ShapeDtypeStruct) or len(out.shape) != 2:
                 raise ValueError(f'the model must return class scores (B, K) per step, got '
                                  f'{out}.')
