@@ -472,3 +472,65 @@ def test_gradients_of_quantity_parameters_carry_the_inverse_unit(make):
         assert is_q(g) and g.unit == u.mV ** -1, g
         if make is not bc.ES_D_RTRL or name == 'bias':
             assert rel_err(g.mantissa, ref['conv', name].mantissa) < EXACT
+
+
+# ----------------------------------------------------------------------------- dtypes
+class TypedLayer(brainstate.nn.Module):
+    """conv + reset-after-spike LIF + dense readout with parameters and state of one dtype."""
+
+    def __init__(self, dtype, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.dtype = dtype
+        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, 2, 4)) * 0.8, dtype))
+        self.b = brainstate.ParamState(jnp.full(4, 0.1, dtype))
+        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(6 * 6 * 4, 3)) * 0.3, dtype))
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 6, 6, 4), self.dtype))
+
+    def update(self, x):
+        y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
+                    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+        v = 0.9 * self.h.value + y
+        s = spike(v - 1.0)
+        self.h.value = v - s
+        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
+
+
+def flat(grads):
+    return np.concatenate([np.ravel(np.asarray(g, np.float64)) for g in jax.tree.leaves(grads)])
+
+
+@pytest.mark.parametrize('make', [lambda m: bc.D_RTRL(m, trace_dtype=jnp.float32),
+                                  lambda m: bc.ES_D_RTRL(m, decay=0.9, trace_dtype=jnp.float32)],
+                         ids=['d-rtrl', 'es-d-rtrl'])
+def test_bfloat16_model_with_float32_traces(make):
+    xs, labels = spikes_and_labels((3, 6, 6, 2), T=10)
+    reference = make(TypedLayer(jnp.float32))
+    _, ref = reference.value_and_grad(xent, xs.astype(jnp.float32), labels)
+    learner = make(TypedLayer(jnp.bfloat16))
+    _, grads = learner.value_and_grad(xent, xs, labels)       # float64 data, cast to bfloat16
+    assert all(g.dtype == jnp.bfloat16 for g in jax.tree.leaves(grads))
+    state = jax.eval_shape(lambda: learner._init_state(learner._last[1], None))
+    traces = jax.tree.leaves((state['ops'], state['dyn']))
+    assert {t.dtype for t in traces} == {np.dtype(np.float32)}
+    a, b = flat(grads), flat(ref)
+    cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    print(f'bfloat16 compute, float32 traces: cosine to float32 {cos:.4f}')
+    assert cos > 0.98
+
+
+def test_float64_inputs_drive_a_float32_model_like_float32_inputs():
+    xs, labels = spikes_and_labels((3, 6, 6, 2), T=6)
+    model = TypedLayer(jnp.float32)
+    for make in (bc.BPTT, bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, decay=0.9)):
+        _, g64 = make(model).value_and_grad(xent, xs, labels)
+        _, g32 = make(model).value_and_grad(xent, xs.astype(jnp.float32), labels)
+        np.testing.assert_array_equal(flat(g64), flat(g32))
+
+
+@pytest.mark.parametrize('bad', [jnp.int32, 'int8', 'fast', bool])
+def test_trace_dtype_must_be_floating(bad):
+    with pytest.raises(ValueError, match='trace_dtype'):
+        bc.D_RTRL(TypedLayer(jnp.float32), trace_dtype=bad)

@@ -103,7 +103,7 @@ class Learner(abc.ABC):
         Returns:
           ``(loss, grads)`` or ``(loss, grads, outputs)``.
         """
-        _, batch = _check_sequences(xs, targets)
+        (_, batch), xs = _check_sequences(xs, targets), self._inputs(xs)
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
         step, graph = self._graph(xs)
@@ -120,6 +120,7 @@ class Learner(abc.ABC):
         """Run ``T`` more steps, keeping hidden states and traces; return this chunk's
         ``(loss, grads[, outputs])``. Parameters are read from the model at each call."""
         _check_sequences(xs, targets)
+        xs = self._inputs(xs)
         step, graph = self._graph(xs)
         if self._carry is None:
             hidden = step.hidden_leaves()
@@ -143,7 +144,7 @@ class Learner(abc.ABC):
           ``(outputs, observed)`` where every leaf of ``observed`` gains a
           leading time axis ``T``.
         """
-        _, batch = _check_sequences(xs, ())
+        (_, batch), xs = _check_sequences(xs, ()), self._inputs(xs)
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
         step, _ = self._graph(xs)
@@ -166,7 +167,7 @@ class Learner(abc.ABC):
         """The whole-sequence computation of :meth:`value_and_grad` (with reset), lowered
         but not run: ``learner.lower(...).compile().memory_analysis()`` gives XLA's
         memory figures."""
-        _, batch = _check_sequences(xs, targets)
+        (_, batch), xs = _check_sequences(xs, targets), self._inputs(xs)
         brainstate.nn.init_all_states(self.model, batch)
         step, graph = self._graph(xs)
         hidden = step.hidden_leaves()
@@ -182,6 +183,20 @@ class Learner(abc.ABC):
         return self._report(*self._last)
 
     # ------------------------------------------------------------------ internals
+    def _inputs(self, xs):
+        """``xs`` with floating-point leaves in the model's floating-point dtype (that of its
+        parameters), so float64 data drives a float32 model (or bfloat16 one) as it would in
+        a plain forward call; integer and boolean leaves are left as they are."""
+        floats = [jnp.result_type(v) for st in self.model.states(brainstate.ParamState).values()
+                  for v in jax.tree.leaves(st.value) if jnp.issubdtype(jnp.result_type(v),
+                                                                        jnp.floating)]
+        if not floats:
+            return xs
+        dtype = jnp.result_type(*floats)
+        cast = lambda a: (jnp.asarray(a, dtype) if jnp.issubdtype(jnp.result_type(a), jnp.floating)
+                          and jnp.result_type(a) != dtype else a)
+        return jax.tree.map(cast, xs)
+
     def _graph(self, xs):
         x0 = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), xs)
         key = _signature(x0, self.model)
@@ -234,9 +249,28 @@ class OnlineLearner(Learner):
         dphi   += sum_i g^t[i] (E_phi^t[i] - G_phi^t[i])  (+ the within-step gradient)
 
     Gradients are accumulated in the carry, so memory does not depend on ``T``.
+
+    Mixed precision: with ``trace_dtype`` (e.g. ``jnp.float32`` for a bfloat16
+    model) the step runs in the model's dtype while every trace and gradient
+    accumulator is kept, and every trace update computed, in ``trace_dtype``;
+    the gradients are returned in each parameter's dtype.
     """
 
     required_rules: tuple = ()   # ETP rules every op must provide
+
+    def __init__(self, model: brainstate.nn.Module, *, trace_dtype=None):
+        super().__init__(model)
+        if trace_dtype is not None:
+            try:
+                dtype = jnp.dtype(trace_dtype)
+            except TypeError:
+                dtype = None
+            if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+                raise ValueError(f'trace_dtype must be None (the model\'s dtype) or a '
+                                 f'floating-point dtype such as jnp.float32, got '
+                                 f'{trace_dtype!r}.')
+            trace_dtype = dtype
+        self.trace_dtype = trace_dtype
 
     def _prepare(self, step):
         graph = analyse(step)
@@ -247,19 +281,31 @@ class OnlineLearner(Learner):
                                           f'{self.algorithm} needs.')
         return graph
 
+    def dtype(self, graph: StepGraph):
+        """The dtype of traces and accumulators: ``trace_dtype``, else that of the op outputs."""
+        if self.trace_dtype is not None:
+            return self.trace_dtype
+        return jnp.result_type(*[op.y_aval.dtype for op in graph.ops]) if graph.ops \
+            else jnp.result_type(float)
+
     def _init_state(self, graph, hidden):
-        dtype = jnp.result_type(float)
+        dtype = self.dtype(graph)
+        hidden_dtype = jnp.result_type(*[graph.step.closed_jaxpr.jaxpr.invars[l].aval.dtype
+                                         for grp in graph.groups for l in grp.leaves]
+                                       or [float])
         dyn = [jnp.zeros((*graph.groups[dp.group].shape, graph.groups[dp.group].m), dtype)
                for dp in graph.dynamic_params]
-        return dict(ops=self._init_traces(graph, hidden), release=init_release(graph, dtype),
-                    dyn=dyn)
+        return dict(ops=self._init_traces(graph, hidden),
+                    release=init_release(graph, hidden_dtype), dyn=dyn)
 
     def _sequence(self, graph, loss_fn, params, hidden, state, xs, targets, return_outputs):
         weights, pull_back = jax.vjp(graph.weights, params)
         direct = sorted(graph.direct_params)
-        zeros_w = jax.tree.map(jnp.zeros_like, weights)
-        zeros_p = [jnp.zeros_like(params[k]) for k in direct]
-        zeros_dyn = [jnp.zeros(graph.groups[dp.group].shape, jnp.result_type(float))
+        dtype = self.dtype(graph)
+        zeros = lambda a: jnp.zeros(jnp.shape(a), dtype)
+        zeros_w = jax.tree.map(zeros, weights)
+        zeros_p = [zeros(params[k]) for k in direct]
+        zeros_dyn = [jnp.zeros(graph.groups[dp.group].shape, dtype)
                      for dp in graph.dynamic_params]
 
         def body(carry, inp):
@@ -268,34 +314,37 @@ class OnlineLearner(Learner):
             sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
                                st['release'])
             ops_state, dw = self._update(graph, st['ops'], sig, weights)
-            dyn, acc_dyn = self._dynamic_update(graph, st['dyn'], acc_dyn, sig)
-            acc_w = [jax.tree.map(jnp.add, a, dw[k]) for k, a in enumerate(acc_w)]
-            acc_p = [a + b for a, b in zip(acc_p, sig.direct_grads)]
+            dyn, acc_dyn = self._dynamic_update(graph, st['dyn'], acc_dyn, sig, dtype)
+            acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[k])
+                     for k, a in enumerate(acc_w)]
+            acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, sig.direct_grads)]
             out = jax.tree.unflatten(graph.step.out_tree, sig.outputs) if return_outputs else None
             st = dict(ops=ops_state, release=sig.release, dyn=dyn)
-            return (sig.new_hidden, st, acc_w, acc_p, acc_dyn, loss_sum + sig.loss), out
+            return (sig.new_hidden, st, acc_w, acc_p, acc_dyn,
+                    loss_sum + sig.loss.astype(loss_sum.dtype)), out
 
         loss0 = jnp.zeros((), jnp.result_type(float))
         (hidden, state, acc_w, acc_p, acc_dyn, loss), outs = lax.scan(
             body, (hidden, state, zeros_w, zeros_p, zeros_dyn, loss0), (xs, targets))
-        (grads,) = pull_back(acc_w)
+        (grads,) = pull_back(jax.tree.map(lambda a, w: a.astype(w.dtype), acc_w, weights))
         grads = list(grads)
         for k, g in zip(direct, acc_p):
-            grads[k] = grads[k] + g
+            grads[k] = grads[k] + g.astype(grads[k].dtype)
         for dp, acc in zip(graph.dynamic_params, acc_dyn):
-            grads[dp.leaf] = grads[dp.leaf] + jnp.reshape(dp.contract(acc),
-                                                          grads[dp.leaf].shape).astype(
-                grads[dp.leaf].dtype)
+            grads[dp.leaf] = grads[dp.leaf] + jnp.reshape(
+                dp.contract(acc), grads[dp.leaf].shape).astype(grads[dp.leaf].dtype)
         return loss, grads, hidden, state, outs
 
     @staticmethod
-    def _dynamic_update(graph, traces, acc, sig):
+    def _dynamic_update(graph, traces, acc, sig, dtype):
         new_traces, new_acc = [], []
         for j, dp in enumerate(graph.dynamic_params):
-            e = apply_state_jacobian(sig.D[dp.group], traces[j]) + sig.phi_in[j]
+            e = (apply_state_jacobian(sig.D[dp.group].astype(dtype), traces[j])
+                 + sig.phi_in[j].astype(dtype))
             new_traces.append(e)
             # the within-step part (G_phi) is already in the parameter's direct gradient
-            new_acc.append(acc[j] + jnp.sum(sig.g[dp.group] * (e - sig.phi_inst[j]), axis=-1))
+            g = sig.g[dp.group].astype(dtype)
+            new_acc.append(acc[j] + jnp.sum(g * (e - sig.phi_inst[j].astype(dtype)), axis=-1))
         return new_traces, new_acc
 
     @abc.abstractmethod
@@ -307,18 +356,21 @@ class OnlineLearner(Learner):
         """``(new state, {op: dw})`` for one step."""
 
     # -------------------------------------------------------------- shared pieces
-    @staticmethod
-    def signals_in_y_layout(graph: StepGraph, k: int, sig: StepSignals):
-        """``(D, Df, g)`` of grouped op ``k`` in its output layout."""
-        op = graph.ops[k]
-        return (graph.y_layout(op, sig.D[op.group], 2), sig.Df[k],
-                graph.y_layout(op, sig.g[op.group], 1))
+    def signals_in_y_layout(self, graph: StepGraph, k: int, sig: StepSignals):
+        """``(D, Df, g)`` of grouped op ``k`` in its output layout and the trace dtype."""
+        op, dtype = graph.ops[k], self.dtype(graph)
+        return (graph.y_layout(op, sig.D[op.group], 2).astype(dtype), sig.Df[k].astype(dtype),
+                graph.y_layout(op, sig.g[op.group], 1).astype(dtype))
 
-    @staticmethod
-    def readout_dw(graph: StepGraph, k: int, sig: StepSignals, weights):
+    def op_weights(self, graph: StepGraph, k: int, weights):
+        """Op ``k``'s weight operands in the trace dtype (its rules then compute in it)."""
+        return jax.tree.map(lambda w: w.astype(self.dtype(graph)), weights[k])
+
+    def readout_dw(self, graph: StepGraph, k: int, sig: StepSignals, weights):
         """The within-step gradient of readout ``k``: ``xy_to_dw(x, dL/dy)``."""
-        op = graph.ops[k]
-        return op.primitive.rule('xy_to_dw')(sig.xs[k], sig.gamma[k], weights[k], **op.params)
+        op, dtype = graph.ops[k], self.dtype(graph)
+        return op.primitive.rule('xy_to_dw')(sig.xs[k].astype(dtype), sig.gamma[k].astype(dtype),
+                                             self.op_weights(graph, k, weights), **op.params)
 
     def _report(self, step, graph) -> Report:
         state = jax.eval_shape(lambda: self._init_state(graph, None))

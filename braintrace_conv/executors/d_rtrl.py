@@ -35,15 +35,21 @@ class D_RTRL(OnlineLearner):
 
     Args:
       model: a ``brainstate.nn.Module`` whose ``update(x)`` advances one step.
+      trace_dtype: ``None`` (traces in the model's dtype) or a floating dtype for
+        the traces and gradient accumulators, e.g. ``jnp.float32`` for a bfloat16
+        model (mixed precision).
     """
 
     algorithm = 'D-RTRL'
     required_rules = DRTRL_RULES
 
     def _init_traces(self, graph, hidden):
-        return {k: op.primitive.rule('init_drtrl')(op.x_aval, op.y_aval, op.weight_avals,
-                                                   graph.groups[op.group].m, **op.params)
-                for k, op in enumerate(graph.ops) if op.group is not None}
+        dtype = self.dtype(graph)
+        as_dtype = lambda a: jax.ShapeDtypeStruct(a.shape, dtype)
+        return {k: op.primitive.rule('init_drtrl')(
+            as_dtype(op.x_aval), as_dtype(op.y_aval),
+            {n: as_dtype(a) for n, a in op.weight_avals.items()}, graph.groups[op.group].m,
+            **op.params) for k, op in enumerate(graph.ops) if op.group is not None}
 
     def _update(self, graph, traces, sig, weights):
         new, dw = {}, {}
@@ -52,10 +58,10 @@ class D_RTRL(OnlineLearner):
                 dw[k] = self.readout_dw(graph, k, sig, weights)
                 continue
             d, df, g = self.signals_in_y_layout(graph, k, sig)
-            rule = op.primitive.rule
+            rule, w = op.primitive.rule, self.op_weights(graph, k, weights)
             new[k] = jax.tree.map(jnp.add, rule('yw_to_w')(d, traces[k], **op.params),
-                                  rule('xdf_to_trace')(sig.xs[k], df, weights[k], **op.params))
-            dw[k] = rule('trace_to_dw')(new[k], g, weights[k], **op.params)
+                                  rule('xdf_to_trace')(sig.xs[k], df, w, **op.params))
+            dw[k] = rule('trace_to_dw')(new[k], g, w, **op.params)
         return new, dw
 
     def _trace_method(self, graph, k, slot):

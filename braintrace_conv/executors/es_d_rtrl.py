@@ -60,13 +60,16 @@ class ES_D_RTRL(OnlineLearner):
       decay: the input-trace decay ``alpha`` in ``(0, 1]`` (a Python, numpy or
         jax real scalar), used for every op; ``None`` (default) infers one per
         op from the dynamics of the neurons it feeds.
+      trace_dtype: ``None`` (traces in the model's dtype) or a floating dtype for
+        the traces and gradient accumulators, e.g. ``jnp.float32`` for a bfloat16
+        model (mixed precision).
     """
 
     algorithm = 'ES-D-RTRL'
     required_rules = ES_DRTRL_RULES
 
-    def __init__(self, model, decay=None):
-        super().__init__(model)
+    def __init__(self, model, decay=None, *, trace_dtype=None):
+        super().__init__(model, trace_dtype=trace_dtype)
         self.decay = _decay_value(decay)
         self._inferred = {}
 
@@ -131,12 +134,14 @@ class ES_D_RTRL(OnlineLearner):
 
     def _init_traces(self, graph, hidden):
         slots, readers = self._input_slots(graph)
-        x_traces = [jnp.zeros(graph.ops[k].x_aval.shape, graph.ops[k].y_aval.dtype)
-                    for k in readers]
+        dtype = self.dtype(graph)
+        as_dtype = lambda a: jax.ShapeDtypeStruct(a.shape, dtype)
+        x_traces = [jnp.zeros(graph.ops[k].x_aval.shape, dtype) for k in readers]
         out_traces = {k: graph.ops[k].primitive.rule('init_pp')(
-            graph.ops[k].x_aval, graph.ops[k].y_aval, graph.ops[k].weight_avals,
+            as_dtype(graph.ops[k].x_aval), as_dtype(graph.ops[k].y_aval),
+            {n: as_dtype(a) for n, a in graph.ops[k].weight_avals.items()},
             graph.groups[graph.ops[k].group].m, **graph.ops[k].params) for k in slots}
-        norms = [jnp.zeros((), jnp.result_type(float)) for _ in readers]
+        norms = [jnp.zeros((), dtype) for _ in readers]
         return dict(x=x_traces, f=out_traces, norm=norms)
 
     def _update(self, graph, state, sig, weights):
@@ -144,7 +149,8 @@ class ES_D_RTRL(OnlineLearner):
         decays = self.decays(graph)
         alphas = [decays[k] for k in readers]
         norms = [a * z + 1.0 for a, z in zip(alphas, state['norm'])]
-        x_traces = [a * trace + sig.xs[k] for a, trace, k in zip(alphas, state['x'], readers)]
+        x_traces = [a * trace + sig.xs[k].astype(trace.dtype)
+                    for a, trace, k in zip(alphas, state['x'], readers)]
         out_traces, dw = {}, {}
         for k, op in enumerate(graph.ops):
             if op.group is None:
@@ -155,7 +161,7 @@ class ES_D_RTRL(OnlineLearner):
             s = slots[k]
             x_hat = x_traces[s] / norms[s].astype(x_traces[s].dtype)
             dw[k] = op.primitive.rule('xy_to_dw')(x_hat, jnp.sum(g * out_traces[k], axis=-1),
-                                                  weights[k], **op.params)
+                                                  self.op_weights(graph, k, weights), **op.params)
         return dict(x=x_traces, f=out_traces, norm=norms), dw
 
     # ------------------------------------------------------------------ report
