@@ -19,6 +19,7 @@ from typing import Mapping, Optional, Sequence
 import jax
 import numpy as np
 import saiunit as u
+from matplotlib.ticker import MaxNLocator
 
 __all__ = ['event_frames', 'spike_raster', 'membrane_trace', 'learning_curve',
            'gradient_fidelity', 'fidelity_bars']
@@ -292,9 +293,12 @@ def learning_curve(history: Sequence[Mapping], *, x: str = 'epoch',
     for keys, found in zip(panels, present):
         if not found:
             raise ValueError(f'no record of history has any of the keys {list(keys)}.')
+    integer_x = all(isinstance(r[x], (int, np.integer)) for r in records)
     fig = _pyplot().figure(figsize=(4.5 * len(panels), 3.2), layout='constrained')
     axes = np.atleast_1d(fig.subplots(1, len(panels), squeeze=False)).ravel()
     for ax, keys in zip(axes, present):
+        if integer_x:                       # epochs, steps: no ticks between them
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         for key in keys:
             pts = [(r[x], r[key]) for r in records if key in r]
             ax.plot(*zip(*pts), 'o-', ms=3, label=key.replace('_', ' '))

@@ -132,6 +132,7 @@ def test_learning_curve_plots_the_keys_present():
     train_acc, test_acc = acc_ax.lines
     np.testing.assert_array_equal(test_acc.get_xdata(), [2])
     assert acc_ax.get_ylim() == (0, 1.02)
+    assert all(float(t).is_integer() for t in loss_ax.get_xticks())   # epochs are whole
 
 
 def test_learning_curve_with_custom_keys():
