@@ -21,6 +21,8 @@ import numpy as np
 import saiunit as u
 from matplotlib.ticker import MaxNLocator
 
+from ._validation import positive
+
 __all__ = ['event_frames', 'spike_raster', 'membrane_trace', 'learning_curve',
            'gradient_fidelity', 'fidelity_bars']
 
@@ -38,15 +40,15 @@ def _new_axes(ax, figsize):
     return ax
 
 
-def _array(name: str, value, ndims: Sequence[int]) -> np.ndarray:
-    """``value`` as a float numpy array whose rank is one of ``ndims``; quantities are
-    rejected (callers that accept units strip them first)."""
+def _array(name: str, value, ndims: Optional[Sequence[int]] = None) -> np.ndarray:
+    """``value`` as a float numpy array whose rank is one of ``ndims`` (any rank when
+    None); quantities are rejected (callers that accept units strip them first)."""
     if isinstance(value, u.Quantity):
         raise TypeError(f'{name} must be a plain array, got a quantity in {u.get_unit(value)}.')
     arr = np.asarray(value)
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
         raise TypeError(f'{name} must be numeric, got dtype {arr.dtype}.')
-    if arr.ndim not in ndims:
+    if ndims is not None and arr.ndim not in ndims:
         raise ValueError(f'{name} must have {" or ".join(f"{n}" for n in ndims)} dimensions, '
                          f'got shape {arr.shape}.')
     return arr.astype(float)
@@ -61,8 +63,7 @@ def _time_axis(num_steps: int, dt) -> tuple[np.ndarray, Optional[str]]:
         step, unit = float(u.get_mantissa(dt)), str(u.get_unit(dt))
     else:
         step, unit = float(dt), 'ms'
-    if not step > 0:
-        raise ValueError(f'dt must be positive, got {dt!r}.')
+    positive('dt', step, float)
     return np.arange(num_steps) * step, unit
 
 
@@ -109,8 +110,7 @@ def event_frames(events, *, steps: Optional[Sequence[int]] = None, ncols: int = 
     steps = list(range(T)) if steps is None else [int(s) for s in steps]
     if not steps or any(not 0 <= s < T for s in steps):
         raise ValueError(f'steps must be a non-empty list of time steps in [0, {T}), got {steps}.')
-    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols <= 0:
-        raise ValueError(f'ncols must be a positive int, got {ncols!r}.')
+    ncols = positive('ncols', ncols)
     times, unit = _time_axis(T, dt)
     diff = events[:, 0] - events[:, 1]
     vmax = max(float(np.abs(diff[steps]).max()), 1.0)
@@ -159,12 +159,12 @@ def spike_raster(spikes, *, dt=None, max_neurons: Optional[int] = None, ax=None,
         Its first collection holds the ``(num_spikes, 2)`` offsets
         ``(time, neuron index)``.
     """
-    spikes = _array('spikes', spikes, range(2, 8))
+    spikes = _array('spikes', spikes)
+    if spikes.ndim < 2:
+        raise ValueError(f'spikes must be (T, N) or (T, *neuron_shape), got shape {spikes.shape}.')
     spikes = spikes.reshape(spikes.shape[0], -1)
     if max_neurons is not None:
-        if isinstance(max_neurons, bool) or not isinstance(max_neurons, int) or max_neurons <= 0:
-            raise ValueError(f'max_neurons must be a positive int, got {max_neurons!r}.')
-        spikes = spikes[:, :max_neurons]
+        spikes = spikes[:, :positive('max_neurons', max_neurons)]
     times, unit = _time_axis(spikes.shape[0], dt)
     t_idx, n_idx = np.nonzero(spikes)
     ax = _new_axes(ax, (7, 3))

@@ -44,7 +44,7 @@ def test_event_frames_titles_carry_the_time_unit():
     (np.zeros((5, 4, 4)), {}, 'events must have 4 dimensions'),
     (np.zeros((5, 2, 4, 4)), dict(steps=[5]), r'steps .* \[0, 5\)'),
     (np.zeros((5, 2, 4, 4)), dict(ncols=0), 'ncols must be a positive int'),
-    (np.zeros((5, 2, 4, 4)), dict(dt=-1.0), 'dt must be positive'),
+    (np.zeros((5, 2, 4, 4)), dict(dt=-1.0), 'dt must be a positive float'),
 ])
 def test_event_frames_rejects_bad_input(events, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -69,7 +69,7 @@ def test_spike_raster_keeps_only_the_first_neurons():
 
 
 @pytest.mark.parametrize('spikes, kwargs, err, match', [
-    (np.zeros(5), {}, ValueError, 'spikes must have'),
+    (np.zeros(5), {}, ValueError, r'spikes must be \(T, N\) or \(T, \*neuron_shape\)'),
     (np.zeros((5, 3)), dict(max_neurons=0), ValueError, 'max_neurons'),
     (np.array([['a']]), {}, TypeError, 'numeric'),
     (np.zeros((5, 3)), dict(dt=1 * u.mV), u.DimensionMismatchError, 'dt must be a time'),
