@@ -32,6 +32,21 @@ def notebooks() -> list[Path]:
     return sorted(NOTEBOOK_DIR.glob('*.ipynb'))
 
 
+def _merge_streams(nb: nbformat.NotebookNode) -> None:
+    """Join consecutive stdout (or stderr) outputs of a cell into one, as a front end shows
+    them: a loop that prints while it computes otherwise stores one output per line."""
+    for cell in nb.cells:
+        merged = []
+        for out in cell.get('outputs', []):
+            if (merged and out.output_type == 'stream' and merged[-1].output_type == 'stream'
+                    and merged[-1].name == out.name):
+                merged[-1].text += out.text
+            else:
+                merged.append(out)
+        if cell.cell_type == 'code':
+            cell.outputs = merged
+
+
 def execute(path: Path, *, small: bool, timeout: int = 900) -> nbformat.NotebookNode:
     """Run every cell of the notebook at ``path`` in a fresh kernel and return it with
     its outputs and ``metadata['braintrace_conv']['small']`` (the file is not touched).
@@ -48,6 +63,7 @@ def execute(path: Path, *, small: bool, timeout: int = 900) -> nbformat.Notebook
             del os.environ[SMALL_ENV]
         else:
             os.environ[SMALL_ENV] = previous
+    _merge_streams(nb)
     nb.metadata['braintrace_conv'] = {'small': small}
     return nb
 
