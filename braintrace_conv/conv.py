@@ -94,8 +94,7 @@ def _out_to_canonical(a, p, n_extra: int):
     """Output-layout array with ``n_extra`` trailing axes -> ``(G, K/G, N, *extra, *S)``."""
     rank = a.ndim - n_extra
     out_spec = p['dimension_numbers'].out_spec
-    perm = (out_spec[1], out_spec[0], *range(rank, a.ndim), *out_spec[2:])
-    a = jnp.transpose(a, perm)
+    a = jnp.transpose(a, (out_spec[1], out_spec[0], *range(rank, a.ndim), *out_spec[2:]))
     g = _groups(p)
     return a.reshape(g, a.shape[0] // g, *a.shape[1:])
 
@@ -143,8 +142,10 @@ def _patches(x, kernel_shape, p):
     fgc, bgc = p['feature_group_count'], p['batch_group_count']
     if bgc > 1:   # output channel group g reads input batch block g
         patches = patches.reshape(bgc, n_in // bgc, feat, *spatial)
-    else:         # output channel group g reads input channel block g
+    elif fgc > 1:  # output channel group g reads input channel block g
         patches = patches.reshape(n_in, fgc, feat // fgc, *spatial).swapaxes(0, 1)
+    else:         # one group: a reshape (a transpose of a unit axis is a needless copy)
+        patches = patches[None]
     return patches
 
 
@@ -174,10 +175,9 @@ def _yw_to_w(hidden_dim, trace, **p):
     """Apply ``D^t`` (``(*y.shape, n, n)``) to the trace, position by position."""
     d_c = _out_to_canonical(hidden_dim, p, 2)                 # (G, K/G, N, n, n, *S)
     e = trace['weight']                                       # (G, K/G, N, n, P, *S)
-    if d_c.shape[4] == 1:     # one column: it broadcasts over P
-        decayed = d_c * e
-    else:
-        decayed = jnp.sum(d_c[:, :, :, :, :, None] * e[:, :, :, None], axis=4)
+    # out[m] = sum_k D[m, k] E[k], written as a sum of broadcast products (a reduction
+    # over the middle state axis made XLA's CPU backend crash in jaxlib 0.10)
+    decayed = sum(d_c[:, :, :, :, k, None] * e[:, :, :, None, k] for k in range(d_c.shape[4]))
     out = {'weight': decayed}
     if 'bias' in trace:
         out['bias'] = apply_state_jacobian(hidden_dim, trace['bias'])

@@ -19,28 +19,29 @@ online executors call (see ``docs/theory.md``, "rule contract"). Executors never
 primitive up by identity: any primitive registered here with the same rules
 is handled the same way.
 
-Rule contract (``y`` is the primitive's output, ``n`` the number of state
-variables of the hidden group the output feeds, arrays in the primitive's own
-output layout unless said otherwise):
+Rule contract (``y`` is the primitive's output, ``n`` the number of values per
+element at which the executors cut the state of the neurons the output feeds —
+its state variables for most neurons, see ``docs/theory.md`` — arrays in the
+primitive's own output layout unless said otherwise):
 
-==============  =============================================================
-``yw_to_w``     ``(hidden_dim, trace, **params) -> trace``: apply ``D^t``
-                (``hidden_dim``: ``(*y.shape, n, n)``) to a D-RTRL trace,
-                position by position.
-``xy_to_dw``    ``(x, hidden_dim, weights, **params) -> dw``: the
-                weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta`` for a
-                cotangent ``hidden_dim`` of shape ``y.shape``.
-``init_drtrl``  ``(x_aval, y_aval, weight_avals, n_state, **params)``:
-                zeros of the exact D-RTRL trace.
-``init_pp``     ``(x_aval, y_aval, weight_avals, n_state, **params)``:
-                zeros of the ES-D-RTRL output trace, ``(*y.shape, n)``.
-``xdf_to_trace`` ``(x, hidden_dim, weights, **params) -> trace``: the
-                per-position instantaneous term ``Df^t * dy/dtheta`` for
-                ``hidden_dim = Df^t`` of shape ``(*y.shape, n)``.
-``trace_to_dw`` ``(trace, hidden_dim, weights, **params) -> dw``: contract a
-                trace with the learning signal ``hidden_dim = g^t``
-                (``(*y.shape, n)``) into a weight-shaped gradient.
-==============  =============================================================
+=================  =============================================================
+``yw_to_w``        ``(hidden_dim, trace, **params) -> trace``: apply ``D^t``
+                   (``hidden_dim``: ``(*y.shape, n, n)``) to a D-RTRL trace,
+                   position by position.
+``xy_to_dw``       ``(x, hidden_dim, weights, **params) -> dw``: the
+                   weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta`` for a
+                   cotangent ``hidden_dim`` of shape ``y.shape``.
+``init_drtrl``     ``(x_aval, y_aval, weight_avals, n_state, **params)``:
+                   zeros of the exact D-RTRL trace.
+``init_pp``        ``(x_aval, y_aval, weight_avals, n_state, **params)``:
+                   zeros of the ES-D-RTRL output trace, ``(*y.shape, n)``.
+``xdf_to_trace``   ``(x, hidden_dim, weights, **params) -> trace``: the
+                   per-position instantaneous term ``Df^t * dy/dtheta`` for
+                   ``hidden_dim = Df^t`` of shape ``(*y.shape, n)``.
+``trace_to_dw``    ``(trace, hidden_dim, weights, **params) -> dw``: contract a
+                   trace with the learning signal ``hidden_dim = g^t``
+                   (``(*y.shape, n)``) into a weight-shaped gradient.
+=================  =============================================================
 
 ``weights`` and ``dw`` are dicts keyed like ``trainable_invars_fn(params)``.
 """

@@ -556,3 +556,44 @@ def test_sequence_errors():
         bc.D_RTRL(object())
     with pytest.raises(RuntimeError, match='report'):
         bc.D_RTRL(model).report()
+
+
+# ----------------------------------------------------------------------------- library models
+class AlifNet(brainstate.nn.Module):
+    """Channels-first conv + ALIF (two state variables) twice, dense readout."""
+
+    def __init__(self):
+        super().__init__()
+        from braintrace_conv import nn
+        self.c1, self.n1 = nn.Conv2d(2, 4, 3, layout='channels_first'), nn.ALIF((4, 8, 8), tau=5.0)
+        self.c2 = nn.Conv2d(4, 6, 3, stride=2, layout='channels_first')
+        self.n2 = nn.ALIF((6, 4, 4), tau=5.0)
+        self.flat, self.readout = nn.Flatten(), nn.Linear(96, 3)
+
+    def update(self, x):
+        return self.readout(self.flat(self.n2(self.c2(self.n1(self.c1(x))))))
+
+
+@pytest.mark.parametrize('make', ['recurrent_conv_snn', 'alif'])
+def test_online_executors_on_the_library_models(make):
+    """The library's own recurrent conv net and a two-state neuron, channels first: the
+    recurrent synapse adds no state to the cut, and the last layer is exact."""
+    from braintrace_conv.models import recurrent_conv_snn
+    brainstate.random.seed(1)
+    model = recurrent_conv_snn((2, 8, 8), 3, channels=(4, 6), readout='linear') \
+        if make == 'recurrent_conv_snn' else AlifNet()
+    rng = np.random.default_rng(5)
+    xs = jnp.asarray(rng.random((8, 4, 2, 8, 8)) < 0.5, jnp.float64)
+    labels = jnp.asarray(rng.integers(0, 3, (8, 4)))
+    _, ref = bc.BPTT(model).value_and_grad(xent, xs, labels)
+    learner = bc.D_RTRL(model)
+    _, grads = learner.value_and_grad(xent, xs, labels)
+    graph = learner._last[1]
+    assert [grp.m for grp in graph.groups] == [grp.n for grp in graph.groups]
+    for key in ref:
+        assert np.all(np.isfinite(grads[key])) and np.abs(grads[key]).max() > 0, key
+    readout = [k for k in ref if k[0] in ('readout', 'fc')]
+    assert readout and all(rel_err(grads[k], ref[k]) < EXACT for k in readout)
+    if make == 'alif':     # the last hidden layer's own parameters
+        for k in [k for k in ref if k[0] == 'c2']:
+            assert rel_err(grads[k], ref[k]) < EXACT, k

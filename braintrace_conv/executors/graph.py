@@ -403,7 +403,8 @@ def _cut(step, jaxpr, g, grp, ops, final_of, out_vars):
     (old states, its ops' outputs) and everything that leaves the group's elementwise
     region, the one nearest the new states; fill ``grp`` in place."""
     hidden_size = int(np.prod(grp.shape))
-    sources = {jaxpr.invars[l]: _identity(grp.shape) for l in grp.leaves}
+    hidden_in = {jaxpr.invars[l] for l in grp.leaves}
+    sources = {v: _identity(grp.shape) for v in hidden_in}
     for op in ops:
         if op.group == g:
             to_h = np.arange(hidden_size) if op.h_to_y is None else np.argsort(op.h_to_y)
@@ -412,7 +413,14 @@ def _cut(step, jaxpr, g, grp, ops, final_of, out_vars):
     reach = propagate(jaxpr, sources, final_of, out_vars)
     index = {v: idx for v, idx in reach.index.items() if idx is not MIXED}
     finals = [v for v, l in final_of.items() if l in grp.leaves]
-    sinks = set(reach.sinks) | set(finals) | (set(index) & out_vars)
+    # The input of a synapse onto neurons, computed from the old state alone (a recurrent or
+    # delayed synapse), is given to D-RTRL: its path through time is the truncated one, and
+    # cutting the state there as well would only add a value whose learning signal is zero.
+    from_y = set(propagate(jaxpr, {v: i for v, i in sources.items() if v not in hidden_in},
+                           final_of, out_vars).index)
+    given = {v for v, eqns in reach.etp_x_sinks.items() if v not in from_y
+             and all(ops[k].group is not None for k in _ops_at(ops, eqns))}
+    sinks = (set(reach.sinks) - given) | set(finals) | (set(index) & out_vars)
     # other groups' new values are reached only through ETP ops; the edges stay inside
     edges = [(a, b) for a, b in reach.edges if a in index and b in index]
     cut = _min_vertex_cut(list(index), edges, list(sources), [v for v in sinks if v in index])

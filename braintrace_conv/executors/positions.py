@@ -107,6 +107,7 @@ class Reach:
     etp_weights: set      # eqn indices of ETP ops whose weights it reaches
     mixing: str | None    # first mixing primitive met (if any)
     sinks: set = dataclasses.field(default_factory=set)   # tracked vars read by a mixing op
+    etp_x_sinks: dict = dataclasses.field(default_factory=dict)  # tracked var -> ETP eqns reading it as x
     edges: list = dataclasses.field(default_factory=list)  # (tracked invar, tracked outvar)
 
 
@@ -134,7 +135,9 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, out_vars: set,
                 prim = eqn.primitive
                 if prim.x_invar_index in deps:
                     reach.etp_inputs.add(i)
-                    reach.sinks.add(eqn.invars[prim.x_invar_index])
+                    x_var = eqn.invars[prim.x_invar_index]
+                    reach.sinks.add(x_var)
+                    reach.etp_x_sinks.setdefault(x_var, set()).add(i)
                 if set(prim.trainable_invars(eqn.params).values()) & set(deps):
                     reach.etp_weights.add(i)
                 continue
