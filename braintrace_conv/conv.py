@@ -204,8 +204,7 @@ def _xdf_to_trace(x, hidden_dim, weights, **p):
         if p.get('pool') is None:
             out['bias'] = hidden_dim
         else:   # d y'/d b = the pooled count of the window at each output position
-            y = jax.eval_shape(lambda a, k: _lax_conv(a, k, p), x, weights['weight'])
-            count = _pool(jnp.ones(y.shape, hidden_dim.dtype), p['pool'])
+            count = _pool(jnp.ones(_unpooled_shape(x, weights, p), hidden_dim.dtype), p['pool'])
             out['bias'] = hidden_dim * count[..., None]
     return out
 
@@ -223,9 +222,41 @@ def _trace_to_dw(trace, hidden_dim, weights, **p):
 
 
 def _xy_to_dw(x, hidden_dim, weights, **p):
-    """Weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta`` (one weight-gradient conv)."""
+    """Weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta``.
+
+    On CPU it is computed as one matrix product of the output cotangent with the
+    receptive-field patches, ``dK[k, (c,u)] = sum_{b,s} cot[b,s,k] P[b,s,(c,u)]``;
+    measured on the benchmark layers (batch 8, 32x32, 3x3; ms per call, XLA CPU):
+    2 -> 8 channels 0.26 (NCHW) / 0.21 (NHWC) against 0.22 / 1.28 for the
+    weight-gradient convolution, and 8 -> 16 stride 2 0.20 / 0.18 against 2.44 /
+    2.56. Other backends use the convolution.
+    """
     operands = [x, weights['weight']] + ([weights['bias']] if p['has_bias'] else [])
-    return weight_vjp(etp_conv_p, operands, hidden_dim, **p)
+    return lax.platform_dependent(
+        cpu=lambda: _patch_weight_grad(x, hidden_dim, weights, p),
+        default=lambda: weight_vjp(etp_conv_p, operands, hidden_dim, **p))
+
+
+def _patch_weight_grad(x, cot, weights, p):
+    """``xy_to_dw`` as a matrix product of the cotangent with the patches (see there)."""
+    patches = _patches(x, weights['weight'].shape, p)         # (G, N, P, *S)
+    if p.get('pool') is not None:
+        patches = _pooled_patches(patches, p)
+    cot_c = _out_to_canonical(cot, p, 0)                      # (G, K/G, N, *S)
+    g, kg, n = cot_c.shape[:3]
+    dk = lax.dot_general(cot_c.reshape(g, kg, n, -1).astype(patches.dtype),
+                         patches.reshape(g, n, patches.shape[2], -1),
+                         (((2, 3), (1, 3)), ((0,), (0,))))      # (G, K/G, P)
+    out = {'weight': _kernel_from_canonical(dk, weights['weight'].shape, p).astype(cot.dtype)}
+    if p['has_bias']:
+        if p.get('pool') is not None:     # d y'/d b: the pooled window count
+            cot = cot * _pool(jnp.ones(_unpooled_shape(x, weights, p), cot.dtype), p['pool'])
+        out['bias'] = jnp.sum(cot, axis=_spatial_axes_of_out(p, cot.ndim))
+    return out
+
+
+def _unpooled_shape(x, weights, p):
+    return jax.eval_shape(lambda a, k: _lax_conv(a, k, p), x, weights['weight']).shape
 
 
 def _init_drtrl(x_aval, y_aval, weight_avals, n_state, **p):

@@ -9,7 +9,8 @@ from jax.extend import core as jex_core
 
 from ..primitive import ETPPrimitive
 
-__all__ = ['is_literal', 'sub_jaxpr', 'contains_etp', 'depends_on', 'dependency_sets',
+__all__ = ['is_literal', 'sub_jaxpr', 'contains_etp', 'depends_on', 'reached_from',
+           'dependency_sets',
            'bind_eqn']
 
 
@@ -41,11 +42,30 @@ def contains_etp(jaxpr) -> bool:
 
 def depends_on(jaxpr, target, sources: set) -> bool:
     """Whether jaxpr variable ``target`` is computed from any of ``sources``."""
+    return target in reached_from(jaxpr, sources)
+
+
+def reached_from(jaxpr, sources: set) -> set:
+    """Every variable of ``jaxpr`` computed from ``sources``, output by output through
+    calls and the branches of a ``cond`` (e.g. ``lax.platform_dependent``), so an output
+    that no branch computes from the sources is not reached."""
     reached = set(sources)
     for eqn in jaxpr.eqns:
-        if any(v in reached for v in eqn.invars if not is_literal(v)):
+        hits = [not is_literal(v) and v in reached for v in eqn.invars]
+        if not any(hits):
+            continue
+        branches = eqn.params.get('branches')
+        subs = [(b.jaxpr, 1) for b in branches] if branches is not None and not hits[0] else \
+            [(sub_jaxpr(eqn), 0)] if sub_jaxpr(eqn) is not None else []
+        if not subs or any(len(sub.invars) + off != len(eqn.invars) for sub, off in subs):
             reached |= set(eqn.outvars)
-    return target in reached
+            continue
+        for sub, off in subs:
+            inner = reached_from(sub, {sub.invars[i - off] for i, hit in enumerate(hits)
+                                       if hit and i >= off})
+            reached |= {o for o, so in zip(eqn.outvars, sub.outvars)
+                        if not is_literal(so) and so in inner}
+    return reached
 
 
 def dependency_sets(jaxpr, n_hidden: int, n_params: int) -> dict:
