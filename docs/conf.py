@@ -11,7 +11,7 @@ sys.path.insert(0, str(DOCS / '_ext'))
 
 project = 'braintrace_conv'
 author = 'braintrace_conv developers'
-copyright = '2025, braintrace_conv developers'
+copyright = 'braintrace_conv developers'
 
 extensions = [
     'myst_nb',                      # Markdown pages and the notebooks (with stored outputs)
@@ -22,7 +22,7 @@ extensions = [
     'apimodule',
 ]
 
-exclude_patterns = ['_build', '**.ipynb_checkpoints', 'notebooks/README.md']
+exclude_patterns = ['_build', '**.ipynb_checkpoints']
 source_suffix = {'.md': 'myst-nb', '.ipynb': 'myst-nb'}
 
 # Notebooks are committed with their outputs and executed by the test suite
