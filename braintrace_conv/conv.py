@@ -229,12 +229,20 @@ def _xy_to_dw(x, hidden_dim, weights, **p):
     measured on the benchmark layers (batch 8, 32x32, 3x3; ms per call, XLA CPU):
     2 -> 8 channels 0.26 (NCHW) / 0.21 (NHWC) against 0.22 / 1.28 for the
     weight-gradient convolution, and 8 -> 16 stride 2 0.20 / 0.18 against 2.44 /
-    2.56. Other backends use the convolution.
+    2.56. Other backends use the convolution (:func:`_patch_products`).
     """
+    if _patch_products():
+        return _patch_weight_grad(x, hidden_dim, weights, p)
     operands = [x, weights['weight']] + ([weights['bias']] if p['has_bias'] else [])
-    return lax.platform_dependent(
-        cpu=lambda: _patch_weight_grad(x, hidden_dim, weights, p),
-        default=lambda: weight_vjp(etp_conv_p, operands, hidden_dim, **p))
+    return weight_vjp(etp_conv_p, operands, hidden_dim, **p)
+
+
+def _patch_products() -> bool:
+    """Whether weight gradients are patch products: on CPU, where they were measured faster
+    (see :func:`_xy_to_dw`). Read from the default backend when the computation is traced
+    (a ``lax.platform_dependent`` choice would store both branches' residuals in BPTT,
+    which takes its weight gradients from this rule too)."""
+    return jax.default_backend() == 'cpu'
 
 
 def _patch_weight_grad(x, cot, weights, p):
@@ -272,7 +280,8 @@ def _init_pp(x_aval, y_aval, weight_avals, n_state, **p):
 
 
 etp_conv_p = register_primitive('etp_conv', _conv_impl, batched=True,
-                                trainable_invars_fn=_trainable_invars, x_invar_index=0)
+                                trainable_invars_fn=_trainable_invars, x_invar_index=0,
+                                linear_in_weights=True)
 etp_conv_p.register_etp_rules(yw_to_w=_yw_to_w, xy_to_dw=_xy_to_dw, init_drtrl=_init_drtrl,
                               init_pp=_init_pp, xdf_to_trace=_xdf_to_trace,
                               trace_to_dw=_trace_to_dw)

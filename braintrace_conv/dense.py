@@ -48,7 +48,8 @@ def _xy_to_dw(x, hidden_dim, weights, *, has_bias):
 
 
 etp_dense_p = register_primitive('etp_dense', _dense_impl, batched=True,
-                                 trainable_invars_fn=_trainable_invars, x_invar_index=0)
+                                 trainable_invars_fn=_trainable_invars, x_invar_index=0,
+                                 linear_in_weights=True)
 etp_dense_p.register_etp_rules(
     xy_to_dw=_xy_to_dw,
     **{name: _as_conv_rule(etp_conv_p.rule(name))
