@@ -1,24 +1,30 @@
-r"""Standard recurrent spiking convolutional networks for event streams.
+r"""Standard recurrent spiking convolutional networks for event streams of any rank.
 
 Layout and units
 ----------------
 Models take one time step of an event stream per ``update`` call, shaped
-``(B, C, H, W)`` (channels first: ``C = 2`` polarity channels for DVS data,
-as produced by :mod:`braintrace_conv.data`), and return the class scores
-``(B, num_classes)`` of that step. Everything is unitless: inputs are event
-counts, voltages are in units of the firing threshold (``V_th = 1``), time
-constants and ``dt`` are plain numbers in ms (``dt`` from
-``brainstate.environ``, default :data:`braintrace_conv.nn.DEFAULT_DT` = 1 ms).
+``(B, C, *spatial)`` (channels first, the layout of
+:mod:`braintrace_conv.data`): ``(B, P, X)`` for audio-like sensors such as
+SHD's 700 cochlear channels, ``(B, 2, H, W)`` for DVS cameras, ``(B, P, D, H,
+W)`` for volumes. They return the class scores ``(B, num_classes)`` of that
+step. The number of spatial axes (1 to 3) selects ``Conv1d``, ``Conv2d`` or
+``Conv3d``. Everything is unitless: inputs are event counts, voltages are in
+units of the firing threshold (``V_th = 1``), time constants and ``dt`` are
+plain numbers in ms (``dt`` from ``brainstate.environ``, default
+:data:`braintrace_conv.nn.DEFAULT_DT` = 1 ms).
 
 Architecture
 ------------
-``block 0``: 3x3 convolution (stride 1) into a LIF population. ``block i >
-0``: 3x3 convolution with stride 2 into a LIF population, with a recurrent
-3x3 convolution of the population's own spikes when ``recurrent=True``
-(:class:`~braintrace_conv.nn.RecurrentConvCell`). The last block's spikes are
-flattened into a dense readout, optionally integrated by a leaky readout
-neuron (:class:`~braintrace_conv.nn.LI`). Every trainable parameter lives in
-a :mod:`braintrace_conv.nn` layer, so every online executor can train these
+``block 0``: convolution (stride 1) into a LIF population. ``block i > 0``:
+convolution with stride 2 into a LIF population, with a recurrent
+convolution of the population's own spikes when ``recurrent=True``
+(:class:`~braintrace_conv.nn.RecurrentConvCell`). With ``pool=p``, each
+block's spikes are averaged over windows of ``p`` positions per spatial axis
+(:class:`~braintrace_conv.nn.AvgPool`, after the neuron, where online
+executors allow it). The last block's output is flattened into a dense
+readout, optionally integrated by a leaky readout neuron
+(:class:`~braintrace_conv.nn.LI`). Every trainable parameter lives in a
+:mod:`braintrace_conv.nn` layer, so every online executor can train these
 models.
 """
 from __future__ import annotations
@@ -42,29 +48,31 @@ BENCHMARK_IN_SHAPE = (2, 32, 32)
 BENCHMARK_NUM_CLASSES = 10
 
 _READOUTS = ('li', 'linear')
+_CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 
 
 class ConvLIF(brainstate.nn.Module):
-    """Feed-forward convolution into a LIF population (channels first).
+    """Feed-forward convolution into a LIF population (channels first, any rank).
 
     Parameters
     ----------
-    in_size : tuple of 3 ints
-        ``(C_in, H, W)`` of one input sample.
+    in_size : tuple of 2 to 4 ints
+        ``(C_in, *spatial)`` of one input sample; ``len(spatial)`` (1 to 3)
+        selects ``Conv1d``, ``Conv2d`` or ``Conv3d``.
     out_channels, kernel_size, stride
-        Of the :class:`~braintrace_conv.nn.Conv2d` (``'SAME'`` padding).
+        Of the convolution (``'SAME'`` padding).
     neuron : callable
         ``neuron(size) -> LIF-like module`` for the output map ``size =
-        (out_channels, H_out, W_out)``.
+        (out_channels, *out_spatial)``.
 
     Attributes
     ----------
-    ff : Conv2d
+    ff : Conv1d, Conv2d or Conv3d
         The convolution.
     neuron : Module
         The neuron population.
-    out_size : tuple of 3 ints
-        ``(out_channels, H_out, W_out)``.
+    out_size : tuple of ints
+        ``(out_channels, *out_spatial)``.
 
     Notes
     -----
@@ -74,8 +82,9 @@ class ConvLIF(brainstate.nn.Module):
     def __init__(self, in_size: Sequence[int], out_channels: int, kernel_size: int, *,
                  stride: int, neuron: Callable):
         super().__init__()
-        self.ff = nn.Conv2d(in_size[0], out_channels, kernel_size, stride=stride,
-                            layout='channels_first')
+        conv = _CONVS[len(in_size) - 1]
+        self.ff = conv(in_size[0], out_channels, kernel_size, stride=stride,
+                       layout='channels_first')
         self.out_size = (out_channels,) + self.ff.output_spatial_shape(in_size[1:])
         self.neuron = neuron(self.out_size)
 
@@ -92,31 +101,37 @@ class RecurrentConvSNN(brainstate.nn.Module):
 
     Attributes
     ----------
-    in_shape : tuple of 3 ints
-        ``(C, H, W)`` of one input step.
+    in_shape : tuple of ints
+        ``(C, *spatial)`` of one input step.
     num_classes : int
         Number of outputs.
     tau : float
         Membrane time constant of every LIF and of the LI readout, ms.
     blocks : list of ConvLIF or RecurrentConvCell
         The spiking layers, in order.
+    pools : list of AvgPool
+        Average pooling after each block's neurons (empty without pooling).
     flatten : Flatten
-        ``(B, C, H, W) -> (B, C * H * W)``.
+        ``(B, C, *spatial) -> (B, C * prod(spatial))``.
     fc : Linear
-        Dense readout, ``C * H * W`` of the last block to ``num_classes``.
+        Dense readout, the flattened output of the last block to ``num_classes``.
     out : LI or None
         Leaky readout integrator (``readout='li'``), else None.
     """
 
     def __init__(self, in_shape: tuple, num_classes: int, blocks: list, tau: float,
-                 readout: str):
+                 readout: str, pools: Sequence = ()):
         super().__init__()
         self.in_shape = in_shape
         self.num_classes = num_classes
         self.tau = tau
         self.blocks = blocks
+        self.pools = list(pools)
         self.flatten = nn.Flatten()
-        self.fc = nn.Linear(math.prod(blocks[-1].out_size), num_classes)
+        channels, *spatial = blocks[-1].out_size
+        if self.pools:    # non-overlapping VALID windows: floor(n / k) positions per axis
+            spatial = [n // k for n, k in zip(spatial, self.pools[-1].kernel_size)]
+        self.fc = nn.Linear(channels * math.prod(spatial), num_classes)
         self.out = nn.LI(num_classes, tau=tau) if readout == 'li' else None
 
     def membrane_decay(self, dt: Optional[float] = None) -> float:
@@ -136,7 +151,7 @@ class RecurrentConvSNN(brainstate.nn.Module):
         Parameters
         ----------
         x : array
-            Events of this step, ``(B, C, H, W)`` with ``(C, H, W) == in_shape``.
+            Events of this step, ``(B, *in_shape)`` = ``(B, C, *spatial)``.
 
         Returns
         -------
@@ -148,19 +163,23 @@ class RecurrentConvSNN(brainstate.nn.Module):
             raise ValueError(f'{type(self).__name__} expects inputs (B, *in_shape) = '
                              f'(B, {", ".join(map(str, self.in_shape))}) per step, got shape '
                              f'{np.shape(x)}.')
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
             x = block(x)
+            if self.pools:
+                x = self.pools[i](x)
         y = self.fc(self.flatten(x))
         return y if self.out is None else self.out(y)
 
 
-def _shape3(name: str, value) -> tuple:
+def _in_shape(value) -> tuple:
     try:
         shape = tuple(int(v) for v in value)
     except (TypeError, ValueError):
-        raise TypeError(f'{name} must be a (C, H, W) tuple of ints, got {value!r}.') from None
-    if len(shape) != 3 or min(shape) <= 0:
-        raise ValueError(f'{name} must be a (C, H, W) tuple of positive ints, got {value!r}.')
+        raise TypeError(f'in_shape must be a (C, *spatial) tuple of ints, got {value!r}.') \
+            from None
+    if not 2 <= len(shape) <= 4 or min(shape) <= 0:
+        raise ValueError(f'in_shape must be (C, *spatial) with 1 to 3 spatial axes, all '
+                         f'positive, e.g. (1, 700) or (2, 16, 16), got {value!r}.')
     return shape
 
 
@@ -173,21 +192,25 @@ def recurrent_conv_snn(
     recurrent: bool = True,
     readout: str = 'li',
     tau: float = 10.0,
+    pool: int = 1,
     spike_fn: Optional[Callable] = None,
 ) -> RecurrentConvSNN:
-    """Build a recurrent spiking conv net for event streams.
+    """Build a recurrent spiking conv net for event streams of any rank.
 
     Parameters
     ----------
-    in_shape : (C, H, W), default (2, 16, 16)
-        One input step, channels first.
+    in_shape : (C, *spatial), default (2, 16, 16)
+        One input step, channels first, with 1 to 3 spatial axes: e.g.
+        ``(1, 700)`` for SHD-like audio (1-D convolutions over channels),
+        ``(2, H, W)`` for DVS frames.
     num_classes : int, default 8
         Number of class scores per step.
     channels : sequence of int, default (8, 16)
         Output channels of the spiking blocks. Block 0 keeps the resolution;
         every further block halves it (stride 2, ``'SAME'`` padding).
     kernel_size : int, default 3
-        Spatial size of every (feed-forward and recurrent) kernel.
+        Extent along every spatial axis of every (feed-forward and recurrent)
+        kernel.
     recurrent : bool, default True
         Give blocks 1, 2, ... a recurrent convolution of their own spikes.
     readout : {'li', 'linear'}, default 'li'
@@ -195,6 +218,10 @@ def recurrent_conv_snn(
         the dense readout; ``'linear'``: the dense readout itself.
     tau : float, default 10.0
         Membrane time constant of all neurons, ms.
+    pool : int, default 1
+        Average the spikes of every block over non-overlapping windows of
+        ``pool`` positions per spatial axis (1: no pooling). Shrinks long 1-D
+        inputs (700 channels) before the next block and the readout.
     spike_fn : callable, optional
         Surrogate spike function of the LIF neurons (default: the LIF
         default, :class:`~braintrace_conv.nn.surrogate.Sigmoid` ``(4.0)``).
@@ -206,8 +233,14 @@ def recurrent_conv_snn(
         reproducibility). Hidden states are created by
         ``brainstate.nn.init_all_states(model, batch_size)`` (the executors do
         this).
+
+    Raises
+    ------
+    ValueError
+        Non-positive sizes, an unknown ``readout``, or a ``pool`` window larger
+        than a block's output along some axis.
     """
-    in_shape = _shape3('in_shape', in_shape)
+    in_shape = _in_shape(in_shape)
     num_classes = positive('num_classes', num_classes)
     channels = tuple(channels) if not isinstance(channels, (int, np.integer)) else (channels,)
     if not channels:
@@ -215,12 +248,13 @@ def recurrent_conv_snn(
     channels = tuple(positive(f'channels[{i}]', c) for i, c in enumerate(channels))
     kernel_size = positive('kernel_size', kernel_size)
     tau = positive('tau', tau, float)
+    pool = positive('pool', pool)
     if readout not in _READOUTS:
         raise ValueError(f'readout must be one of {_READOUTS}, got {readout!r}.')
     lif_kwargs = dict(tau=tau) if spike_fn is None else dict(tau=tau, spike_fn=spike_fn)
     neuron = functools.partial(nn.LIF, **lif_kwargs)
 
-    blocks, size = [], in_shape
+    blocks, pools, size = [], [], in_shape
     for i, c in enumerate(channels):
         stride = 1 if i == 0 else 2
         if recurrent and i > 0:
@@ -230,7 +264,13 @@ def recurrent_conv_snn(
             block = ConvLIF(size, c, kernel_size, stride=stride, neuron=neuron)
         blocks.append(block)
         size = tuple(block.out_size)
-    return RecurrentConvSNN(in_shape, num_classes, blocks, tau, readout)
+        if pool > 1:
+            if min(size[1:]) < pool:
+                raise ValueError(f'pool={pool} is larger than the output of block {i}, of '
+                                 f'shape (C, *spatial) = {size}; lower pool or kernel strides.')
+            pools.append(nn.AvgPool((pool,) * (len(size) - 1), layout='channels_first'))
+            size = (c,) + tuple(n // pool for n in size[1:])
+    return RecurrentConvSNN(in_shape, num_classes, blocks, tau, readout, pools)
 
 
 def standard_benchmark_snn() -> RecurrentConvSNN:
