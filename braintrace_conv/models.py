@@ -199,8 +199,8 @@ def recurrent_conv_snn(
 
     Parameters
     ----------
-    in_shape : (C, *spatial), default (2, 16, 16)
-        One input step, channels first, with 1 to 3 spatial axes: e.g.
+    in_shape : tuple of int, default (2, 16, 16)
+        One input step ``(C, *spatial)``, channels first, with 1 to 3 spatial axes: e.g.
         ``(1, 700)`` for SHD-like audio (1-D convolutions over channels),
         ``(2, H, W)`` for DVS frames.
     num_classes : int, default 8
