@@ -152,7 +152,7 @@ def test_fit_without_optimizer(data):
 
 # ----------------------------------------------------------------------------- datasets
 @pytest.mark.parametrize('train, evaluate, error, match', [
-    (lambda d: d.events, None, TypeError, 'train_dataset must be an EventDataset'),
+    (lambda d: d.events, None, TypeError, 'train_dataset must be a FrameDataset'),
     (lambda d: events_with(np.nan, (5, 2, 1, 3, 4)), None, ValueError,
      r'train_dataset events must be finite, got nan at sample=5, t=2, channel=1, row=3, '
      r'column=4 \(1 non-finite'),

@@ -2,11 +2,15 @@
 
 A :class:`Trainer` drives any executor (:class:`~braintrace_conv.BPTT`,
 :class:`~braintrace_conv.D_RTRL`, :class:`~braintrace_conv.ES_D_RTRL`) with an
-optax optimiser on an :class:`~braintrace_conv.data.EventDataset`.
+optax optimiser on any :class:`~braintrace_conv.data.FrameDataset` (frames in
+memory, :class:`~braintrace_conv.data.EventDataset`, or binned from files on
+demand, :class:`~braintrace_conv.data.StreamingEventDataset`).
 
-Data layout: batches are time-major, inputs ``xs`` of shape ``(T, B, C, H,
-W)`` and integer labels ``(B,)``; the model maps one step ``(B, C, H, W)`` to
-dimensionless class scores ``(B, K)``. The loss and the prediction are those of
+Data layout: batches are time-major, inputs ``xs`` of shape ``(T, B,
+*frame_shape)`` -- ``(T, B, P, X)`` for 1-D event streams, ``(T, B, P, H, W)``
+for DVS frames, any rank the model takes -- and integer labels ``(B,)``; the
+model maps one step ``(B, *frame_shape)`` to dimensionless class scores ``(B,
+K)``. The loss and the prediction are those of
 :mod:`braintrace_conv.training.loss` (softmax cross-entropy weighted over
 time steps, ``loss='every_step'`` or ``'final'``).
 
@@ -17,6 +21,12 @@ states and traces are reset at the start of each batch of sequences, then
 every ``k`` steps the gradient of those steps' loss (``learner.advance``) is
 applied while hidden states and traces carry on; chunks whose steps all have
 weight 0 advance the network without an optimiser step.
+
+Devices: ``devices`` (default: all of ``jax.devices()``) is a data-parallel
+mesh (:mod:`braintrace_conv.training.placement`): parameters and optimiser
+state are replicated, every batch is split along ``B`` over the devices
+(``B`` must be a multiple of their number) and XLA all-reduces the
+gradients. One device is the plain single-device computation.
 
 Units: parameters may be ``saiunit`` quantities; the optimiser acts on each
 parameter's mantissa in the parameter's own unit (see
@@ -47,9 +57,10 @@ import saiunit as u
 from tqdm.auto import tqdm
 
 from .._validation import class_labels, finite, non_negative, one_of, positive
+from ..data import EventDataset, FrameDataset
 from ..executors import Learner
 from ..units import split_unit
-from . import checkpoint, logs, run_dir
+from . import checkpoint, logs, placement, run_dir
 from .loss import LOSSES, predicted_labels, sequence_loss, step_weights, weighted_cross_entropy
 from .params import ParamView
 
@@ -57,9 +68,14 @@ __all__ = ['Trainer', 'NONFINITE']
 
 #: What to do with an update whose loss, gradient or result is not finite.
 NONFINITE = ('skip', 'raise')
-_EVENT_AXES = ('t', 'b', 'channel', 'row', 'column')
-_DATASET_AXES = ('sample', 't', 'channel', 'row', 'column')
-_DATASET_ATTRS = ('events', 'labels', 'num_classes', 'num_steps', 'frame_shape', 'batches')
+# Names of the spatial axes of a frame (P, *spatial), for messages naming a position.
+_SPATIAL_AXES = {1: ('position',), 2: ('row', 'column'), 3: ('depth', 'row', 'column')}
+
+
+def _axes(ndim: int, lead: tuple) -> Optional[tuple]:
+    """Names of the axes of an array ``(*lead, channel, *spatial)`` of ``ndim`` axes."""
+    spatial = _SPATIAL_AXES.get(ndim - len(lead) - 1)
+    return None if spatial is None else lead + ('channel',) + spatial
 
 
 def _is_spiking(node) -> bool:
@@ -75,12 +91,22 @@ def _spike_rates(neurons: list):
 
 
 def _fingerprint(dataset) -> Optional[dict]:
-    """Size and SHA-256 of a dataset's events and labels (what a resumed run must reuse)."""
+    """Size and SHA-256 of what a resumed run must reuse: the events and labels of a
+    dataset in memory; the sources (e.g. file paths) and labels of a streamed one, whose
+    files are not read for it."""
     if dataset is None:
         return None
-    digest = hashlib.sha256(np.ascontiguousarray(dataset.events).tobytes())
+    if isinstance(dataset, EventDataset):
+        digest = hashlib.sha256(np.ascontiguousarray(dataset.events).tobytes())
+    elif hasattr(dataset, 'sources'):
+        digest = hashlib.sha256('\n'.join(map(str, dataset.sources)).encode())
+    else:   # another FrameDataset: its frames, read once
+        digest = hashlib.sha256()
+        for xs, _ in dataset.batches(64, shuffle=False):
+            digest.update(np.ascontiguousarray(xs).tobytes())
     digest.update(np.ascontiguousarray(dataset.labels).tobytes())
-    return dict(samples=len(dataset.labels), shape=list(np.shape(dataset.events)),
+    return dict(samples=len(dataset.labels),
+                shape=[len(dataset.labels), dataset.num_steps, *dataset.frame_shape],
                 sha256=digest.hexdigest())
 
 
@@ -109,9 +135,20 @@ class Trainer:
         An update with a non-finite loss, gradient or result is never
         applied: ``'skip'`` counts it in :attr:`skipped_updates` and warns,
         ``'raise'`` raises ``FloatingPointError``.
+    devices : None, int or sequence of jax.Device, optional
+        Data-parallel devices: ``None`` all of ``jax.devices()``, ``n`` the
+        first ``n``, or the given devices. Parameters and optimiser state are
+        replicated on each; batches are split along ``B``, which must be a
+        multiple of their number (module docstring). The result does not
+        depend on the number of devices except through the order in which
+        the gradient's batch sum is added up (floating-point rounding).
 
     Attributes
     ----------
+    devices : tuple of jax.Device
+        The devices of :attr:`mesh`, in order.
+    mesh : jax.sharding.Mesh
+        One-axis mesh (axis ``'batch'``) the batches are split over.
     epoch : int
         Completed training epochs.
     step : int
@@ -134,7 +171,8 @@ class Trainer:
 
     def __init__(self, learner: Learner, optimizer: Optional[optax.GradientTransformation] = None,
                  *, loss: str = 'every_step', final_steps: int = 1,
-                 update_every: Optional[int] = None, nonfinite: str = 'skip'):
+                 update_every: Optional[int] = None, nonfinite: str = 'skip',
+                 devices: placement.Devices = None):
         if not isinstance(learner, Learner):
             raise TypeError(f'learner must be an executor (BPTT, D_RTRL, ES_D_RTRL), got '
                             f'{type(learner).__name__}.')
@@ -150,11 +188,17 @@ class Trainer:
         self.update_every = (None if update_every is None
                              else positive('update_every', update_every))
         self.nonfinite = one_of('nonfinite', nonfinite, NONFINITE)
+        self._parallel = placement.DataParallel(devices)
+        self.mesh, self.devices = self._parallel.mesh, self._parallel.devices
         self._view = ParamView(self.model)
         self.spiking_layers = {'.'.join(map(str, k)): n for k, n in self.model.nodes().items()
                                if _is_spiking(n)}
         self._observe = _spike_rates(list(self.spiking_layers.values()))
-        self.opt_state = None if optimizer is None else optimizer.init(self._view.mantissas())
+        self._set_params(self._view.mantissas())
+        self.opt_state = None if optimizer is None else self._parallel.replicate(
+            optimizer.init(self._view.mantissas()))
+        # Only the first process writes run files and shows progress.
+        self._writer = jax.process_index() == 0
         self.epoch = self.step = self.skipped_updates = 0
         self.history: list = []
         self.best: Optional[dict] = None
@@ -170,6 +214,10 @@ class Trainer:
         return dict(algorithm=self.learner.algorithm, loss=self.loss,
                     final_steps=self.final_steps, update_every=self.update_every,
                     nonfinite=self.nonfinite)
+
+    def _set_params(self, mantissas: dict) -> None:
+        """Replicate parameter mantissas on every device and write them to the model."""
+        self._view.assign(self._parallel.replicate(mantissas))
 
     def _require_optimizer(self, what: str) -> None:
         if self.optimizer is None:
@@ -207,21 +255,33 @@ class Trainer:
             raise ValueError(f'{name}: {err}') from None
 
     def _check_dataset(self, name: str, dataset) -> None:
-        """Check a dataset against the model, naming the first problem."""
-        if not all(hasattr(dataset, a) for a in _DATASET_ATTRS):
-            raise TypeError(f'{name} must be an EventDataset (braintrace_conv.data), got '
+        """Check a dataset against the model, naming the first problem. The events of a
+        dataset in memory are checked here; those of other datasets batch by batch
+        (:meth:`_batches`)."""
+        if not isinstance(dataset, FrameDataset):
+            raise TypeError(f'{name} must be a FrameDataset (an EventDataset or '
+                            f'StreamingEventDataset of braintrace_conv.data), got '
                             f'{type(dataset).__name__}.')
         if len(dataset.labels) == 0:
             raise ValueError(f'{name} must hold at least one sample, got 0.')
-        k = self._num_outputs(dataset.frame_shape, dataset.events.dtype, name)
+        k = self._num_outputs(dataset.frame_shape, np.float32, name)
         if dataset.num_classes > k:
             raise ValueError(f'{name} has {dataset.num_classes} classes but the model has {k} '
                              f'outputs (class scores); build the model with num_classes='
                              f'{dataset.num_classes}.')
         class_labels(f'{name} labels', dataset.labels, k)
         self._weights(dataset.num_steps, name)
-        finite(f'{name} events', dataset.events,
-               _DATASET_AXES if np.ndim(dataset.events) == 5 else None)
+        if isinstance(dataset, EventDataset):
+            finite(f'{name} events', dataset.events,
+                   _axes(dataset.events.ndim, ('sample', 't')))
+
+    def _batches(self, name: str, dataset, batch_size: int, **kwargs):
+        """``dataset.batches(batch_size, **kwargs)``, each checked to be finite unless the
+        whole dataset was (in memory)."""
+        for i, (xs, labels) in enumerate(dataset.batches(batch_size, **kwargs)):
+            if not isinstance(dataset, EventDataset):
+                finite(f'{name} events (batch {i})', xs, _axes(xs.ndim, ('t', 'b')))
+            yield xs, labels
 
     def _check_batch(self, xs, labels) -> tuple:
         xs = np.asarray(xs)
@@ -230,15 +290,18 @@ class Trainer:
                              f'dtype {xs.dtype}.')
         k = self._num_outputs(xs.shape[2:], xs.dtype, 'xs')
         labels = class_labels('labels', labels, k, batch=xs.shape[1])
+        self._parallel.check_batch_size('the batch size B of xs (T, B, ...)', xs.shape[1])
         self._weights(xs.shape[0], 'xs')
-        finite('xs', xs, _EVENT_AXES if xs.ndim == 5 else None)
+        finite('xs', xs, _axes(xs.ndim, ('t', 'b')))
         return xs, labels
 
     # ------------------------------------------------------------------ updates
-    def _targets(self, labels: np.ndarray, weights: np.ndarray):
-        """``(labels (T, B), w (T,))``: the targets pytree of the executors."""
-        return (jnp.asarray(np.broadcast_to(labels, (len(weights),) + labels.shape)),
-                jnp.asarray(weights))
+    def _placed(self, xs: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> tuple:
+        """``(xs, (labels (T, B), w (T,)))`` on the devices: inputs and labels split along
+        the batch axis, step weights replicated; the executors' ``xs`` and targets."""
+        labels = np.broadcast_to(labels, (len(weights),) + labels.shape)
+        xs, labels = self._parallel.shard((xs, labels))
+        return xs, (labels, self._parallel.replicate(weights))
 
     def _candidate_update(self, grads, opt_state, params, loss):
         """The optimiser step, with per-leaf gradient finiteness and whether it may be
@@ -290,36 +353,36 @@ class Trainer:
     def value_and_grad(self, xs, labels) -> tuple:
         """Batch loss of one batch of sequences and its gradient, applying nothing.
 
-        ``xs``: ``(T, B, C, H, W)``; ``labels``: int ``(B,)``. Returns
+        ``xs``: ``(T, B, *frame_shape)`` (``B`` a multiple of the number of
+        devices); ``labels``: int ``(B,)``. Returns
         ``(loss, grads)``: ``grads`` keyed like ``model.states(ParamState)``,
         each ``dL/dW`` in ``1 / unit(W)`` (plain arrays for plain parameters).
         """
         xs, labels = self._check_batch(xs, labels)
-        weights = self._weights(xs.shape[0], 'xs')
-        loss, grads = self.learner.value_and_grad(weighted_cross_entropy, jnp.asarray(xs),
-                                                  self._targets(labels, weights))
+        loss, grads = self.learner.value_and_grad(
+            weighted_cross_entropy, *self._placed(xs, labels, self._weights(xs.shape[0], 'xs')))
         return float(loss), self._view.gradients(self._view.grad_mantissas(grads))
 
     # ------------------------------------------------------------------ one batch
     def train_batch(self, xs, labels) -> tuple:
         """Train on one batch of sequences; returns ``(loss, number correct)``.
 
-        ``xs``: ``(T, B, C, H, W)``; ``labels``: int ``(B,)``, checked against
-        the model first. The loss is the batch loss (module docstring); in
-        online mode it is summed over the chunks, each computed with the
-        parameters current at that chunk.
+        ``xs``: ``(T, B, *frame_shape)`` (``B`` a multiple of the number of
+        devices); ``labels``: int ``(B,)``, checked against the model first.
+        The loss is the batch loss (module docstring); in online mode it is
+        summed over the chunks, each computed with the parameters current at
+        that chunk.
         """
         self._require_optimizer('train_batch')
         return self._train_batch(*self._check_batch(xs, labels))
 
     def _train_batch(self, xs: np.ndarray, labels: np.ndarray) -> tuple:
         weights = self._weights(xs.shape[0], 'xs')
-        xs = jnp.asarray(xs)
         if self.update_every is None:
             loss, grads, scores = self.learner.value_and_grad(
-                weighted_cross_entropy, xs, self._targets(labels, weights), return_outputs=True)
+                weighted_cross_entropy, *self._placed(xs, labels, weights), return_outputs=True)
             self._apply(self._view.grad_mantissas(grads), loss)
-            total = float(loss)
+            total, scores = float(loss), placement.to_host(scores)
         else:
             self.learner.reset(len(labels))
             total, chunks = 0.0, []
@@ -327,13 +390,13 @@ class Trainer:
             for start in range(0, len(weights), k):
                 part = slice(start, start + k)
                 loss, grads, chunk = self.learner.advance(
-                    weighted_cross_entropy, xs[part], self._targets(labels, weights[part]),
+                    weighted_cross_entropy, *self._placed(xs[part], labels, weights[part]),
                     return_outputs=True)
                 if weights[part].any():
                     self._apply(self._view.grad_mantissas(grads), loss)
                 total += float(loss)
-                chunks.append(chunk)
-            scores = jnp.concatenate(chunks)
+                chunks.append(placement.to_host(chunk))
+            scores = np.concatenate(chunks)
         return total, int(np.sum(predicted_labels(scores, weights) == labels))
 
     # ------------------------------------------------------------------ evaluation
@@ -342,12 +405,14 @@ class Trainer:
 
         Parameters
         ----------
-        dataset : EventDataset
-            Samples ``(N, T, C, H, W)`` with labels ``(N,)``, checked against
-            the model first.
+        dataset : FrameDataset
+            Samples ``(N, T, *frame_shape)`` with labels ``(N,)``, checked
+            against the model first.
         batch_size : int, default 64
-            Sequences per forward pass (``Learner.predict``); the last batch
-            is zero-padded to this size (padding is excluded from every figure).
+            Sequences per forward pass (``Learner.predict``), split over the
+            devices. Every batch, the last one included, is zero-padded to
+            ``batch_size`` rounded up to a multiple of the number of devices;
+            the padding is excluded from every figure.
 
         Returns
         -------
@@ -360,19 +425,20 @@ class Trainer:
         batch_size = positive('batch_size', batch_size)
         self._check_dataset('dataset', dataset)
         weights = self._weights(dataset.num_steps, 'dataset')
+        padded = self._parallel.padded_size(batch_size)
         n_total, correct, loss_sum = 0, 0, 0.0
         spike_sums = {name: 0.0 for name in self.spiking_layers}
-        for xs, labels in dataset.batches(batch_size, shuffle=False):
+        for xs, labels in self._batches('dataset', dataset, batch_size, shuffle=False):
             n = len(labels)
             pad = [(0, 0)] * xs.ndim
-            pad[1] = (0, batch_size - n)
-            scores, rates = self.learner.predict(jnp.asarray(np.pad(xs, pad)),
+            pad[1] = (0, padded - n)
+            scores, rates = self.learner.predict(self._parallel.shard(np.pad(xs, pad)),
                                                  observe=self._observe)
-            scores = scores[:, :n]
+            scores = placement.to_host(scores)[:, :n]
             loss_sum += float(np.sum(sequence_loss(scores, labels, weights)))
             correct += int(np.sum(predicted_labels(scores, weights) == labels))
             for name, r in zip(spike_sums, rates):
-                spike_sums[name] += float(np.sum(np.asarray(r)[:, :n]))
+                spike_sums[name] += float(np.sum(placement.to_host(r)[:, :n]))
             n_total += n
         steps = n_total * dataset.num_steps
         return dict(loss=loss_sum / n_total, accuracy=correct / n_total,
@@ -401,27 +467,32 @@ class Trainer:
 
         Parameters
         ----------
-        train_dataset, eval_dataset : EventDataset
-            Samples ``(N, T, C, H, W)``, labels ``(N,)``.
+        train_dataset, eval_dataset : FrameDataset
+            Samples ``(N, T, *frame_shape)``, labels ``(N,)``.
         epochs : int
             Total number of epochs; training continues from :attr:`epoch`
             (non-zero after a restore), so a finished run does nothing.
         batch_size : int
-            Sequences per batch, at most ``len(train_dataset)``.
+            Sequences per batch, at most ``len(train_dataset)`` and a multiple
+            of the number of devices.
         seed : int, default 0
             Seeds the shuffling generator when the trainer has none yet (a
             restored checkpoint brings its own generator state).
         eval_batch_size : int, optional
-            Batch size of the evaluation; default ``batch_size``.
+            Batch size of the evaluation (any size: see :meth:`evaluate`);
+            default ``batch_size``.
         out_dir : path, optional
-            Run directory (created if needed).
+            Run directory (created if needed). With several processes, only
+            process 0 writes to it; resuming needs it visible to every process.
         resume : bool, default False
             Continue the run in ``out_dir`` from its last checkpoint (which
             must exist), so an interrupted run ends exactly as an
             uninterrupted one. The checkpoint's trainer settings, datasets,
             ``batch_size``, ``seed`` and ``run_config`` must equal the given
             ones (:class:`~braintrace_conv.training.checkpoint.ConfigMismatchError`
-            names those that differ); nothing is changed otherwise.
+            names those that differ); nothing is changed otherwise. The number
+            of devices may differ (a warning says so): the run then equals an
+            uninterrupted one up to the rounding of the gradient's batch sum.
         overwrite : bool, default False
             Replace the run in ``out_dir`` (its run files are removed).
         run_config : dict, optional
@@ -461,6 +532,7 @@ class Trainer:
         if batch_size > len(train_dataset.labels):
             raise ValueError(f'batch_size must be at most the number of training samples '
                              f'({len(train_dataset.labels)}), got {batch_size}.')
+        self._parallel.check_batch_size('batch_size', batch_size)
         if eval_dataset is not None:
             self._check_dataset('eval_dataset', eval_dataset)
         if out_dir is None and (resume or overwrite):
@@ -468,15 +540,20 @@ class Trainer:
         log = None
         if out_dir is not None:
             out_dir = run_dir.check(out_dir, resume=resume, overwrite=overwrite)
+            # every process checks the directory before the first one writes to it
+            placement.sync_processes('braintrace_conv: run directory checked')
             fit_config = dict(batch_size=batch_size, seed=seed,
                               train_data=_fingerprint(train_dataset),
                               eval_data=_fingerprint(eval_dataset))
-            run_dir.create(out_dir, overwrite=overwrite)
+            if self._writer:
+                run_dir.create(out_dir, overwrite=overwrite)
             if resume:
                 self._restore(out_dir / run_dir.LAST_CHECKPOINT,
                               dict(run=run_config, trainer=self.config(), fit=fit_config))
             self._fit_config = fit_config
-            log = logs.ScalarLog(out_dir, start_step=self.step, tensorboard=tensorboard)
+            if self._writer:
+                log = logs.ScalarLog(out_dir, start_step=self.step, tensorboard=tensorboard)
+        progress = progress and self._writer
         self.run_config = run_config
         if self._rng is None:
             self._rng = np.random.default_rng(seed)
@@ -511,7 +588,8 @@ class Trainer:
         skipped_before = self.skipped_updates
         order_seed = int(self._rng.integers(2**31))
         n_batches = dataset.num_batches(batch_size, drop_last=True)
-        bar = tqdm(dataset.batches(batch_size, shuffle=True, seed=order_seed, drop_last=True),
+        bar = tqdm(self._batches('train_dataset', dataset, batch_size, shuffle=True,
+                                 seed=order_seed, drop_last=True),
                    total=n_batches, desc=f'epoch {self.epoch + 1}/{epochs}', disable=not progress,
                    leave=False, unit='batch')
         loss_sum, loss_count, correct, seen = 0.0, 0, 0, 0
@@ -545,7 +623,7 @@ class Trainer:
             jax.random.key_data(brainstate.random.get_key()))
         meta = dict(epoch=self.epoch, step=self.step, skipped_updates=self.skipped_updates,
                     history=self.history, best=self.best, trainer=self.config(),
-                    run=self.run_config, fit=self._fit_config,
+                    run=self.run_config, fit=self._fit_config, devices=len(self.devices),
                     units={n: str(unit) for n, unit in zip(self._view.names, self._view.units)},
                     opt_paths=opt_paths,
                     rng=None if self._rng is None else self._rng.bit_generator.state)
@@ -610,8 +688,8 @@ class Trainer:
             raise checkpoint.CheckpointError(f'{path} has an invalid best entry: {best!r}.')
         rng, key = _generators(meta.get('rng'), arrays.get('rng/brainstate_key'), path)
         # everything is valid: only now change the trainer
-        self._view.assign(params)
-        self.opt_state = opt_state
+        self._set_params(params)
+        self.opt_state = self._parallel.replicate(opt_state)
         self.epoch, self.step, self.skipped_updates = (counts['epoch'], counts['step'],
                                                        counts['skipped_updates'])
         self.history = history
@@ -620,6 +698,12 @@ class Trainer:
         self._fit_config = meta.get('fit', {})
         self._rng = rng
         brainstate.random.set_key(key)
+        trained_on = meta.get('devices', len(self.devices))
+        if trained_on != len(self.devices):
+            warnings.warn(f'{path} was trained on {trained_on} device(s), this Trainer has '
+                          f'{len(self.devices)}: the continued run equals an uninterrupted one '
+                          f'up to the rounding of the gradient\'s batch sum, not bitwise.',
+                          RuntimeWarning, stacklevel=3)
 
     def load_params(self, path: Union[str, os.PathLike], which: Optional[str] = None) -> dict:
         """Load only the parameters of a checkpoint, for inference (no optimiser needed).
@@ -642,21 +726,22 @@ class Trainer:
         """
         file = run_dir.checkpoint_file(path, which)
         arrays, meta = checkpoint.read(file)
-        self._view.assign(checkpoint.params_from(arrays, meta, self._view, file, cast=True))
+        self._set_params(checkpoint.params_from(arrays, meta, self._view, file, cast=True))
         return meta
 
     # ------------------------------------------------------------------ logs
     def metrics(self) -> dict:
         """Summary of the run so far (the content of ``metrics.json``).
 
-        Keys: :meth:`config`, ``run_config``, ``epochs_completed``,
-        ``updates``, ``skipped_updates``, per-epoch lists ``train_loss`` and
+        Keys: :meth:`config`, ``devices`` (their number), ``run_config``,
+        ``epochs_completed``, ``updates``, ``skipped_updates``, per-epoch lists ``train_loss`` and
         ``train_accuracy``, ``test_accuracy`` (of the last epoch, or None
         without evaluation), ``best`` and ``history`` (see :meth:`fit`).
         """
         last = self.history[-1] if self.history else {}
-        return dict(self.config(), run_config=self.run_config, epochs_completed=self.epoch,
-                    updates=self.step, skipped_updates=self.skipped_updates,
+        return dict(self.config(), devices=len(self.devices), run_config=self.run_config,
+                    epochs_completed=self.epoch, updates=self.step,
+                    skipped_updates=self.skipped_updates,
                     train_loss=[r['train_loss'] for r in self.history],
                     train_accuracy=[r['train_accuracy'] for r in self.history],
                     test_accuracy=last.get('test_accuracy'), best=self.best,
