@@ -1,14 +1,23 @@
 """The ``braintrace-conv`` command: train a recurrent spiking conv net on event streams,
 and evaluate a saved run.
 
-``braintrace-conv train`` generates a dataset (no downloads), builds
-:func:`~braintrace_conv.models.recurrent_conv_snn`, trains it with the chosen
-executor through :class:`~braintrace_conv.training.Trainer` and writes the run
+``braintrace-conv train`` generates a dataset (no downloads) -- DVS-like moving
+bars, digit saccades, or SHD-like spoken words over 700 channels -- or reads a
+directory of recorded event files (``--task events``), builds
+:func:`~braintrace_conv.models.recurrent_conv_snn` for the rank of its frames
+(1-D convolutions for audio-like sensors, 2-D for cameras), trains it with the
+chosen executor through :class:`~braintrace_conv.training.Trainer` on
+``--devices`` devices (data parallel) and writes the run
 directory ``--out`` (checkpoints, ``metrics.json``, ``scalars.csv``,
 ``learning_curve.png``; see :mod:`braintrace_conv.training`). It ends with the
 test accuracy, the wall time and the peak resident memory. A directory that
 already holds a run is continued with ``--resume`` (with the same options) or
 replaced with ``--overwrite``, never overwritten silently.
+
+The options that define the result are stored with the run and must be equal
+on ``--resume``; ``--devices`` and ``--cache-size`` may change (a different
+device count changes only the rounding of the gradient's batch sum, and a
+warning says so).
 
 ``braintrace-conv evaluate --run DIR`` rebuilds the data and model of a saved
 run from its stored options, loads its best (or ``--checkpoint last``)
@@ -26,32 +35,51 @@ import os
 import resource
 import sys
 import time
+import warnings
 from importlib import metadata
 from pathlib import Path
 from typing import Optional, Sequence
 
 import brainstate
+import jax
 import optax
 
 from . import BPTT, D_RTRL, ES_D_RTRL
-from .data import digits_saccades, moving_bars
+from .data import digits_saccades, moving_bars, stream_directory, synthetic_shd
 from .models import recurrent_conv_snn
 from .training import NONFINITE, Trainer, checkpoint, run_dir
 
-__all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'RUN_OPTIONS']
+__all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS',
+           'SHD_CHANNELS', 'DEFAULT_CACHE_SIZE']
 
 PROG = 'braintrace-conv'
 
-#: Per-task defaults: samples, frame size (pixels), time steps, epochs.
+#: Per-task defaults: samples, frame size (pixels), time steps, epochs. A task
+#: without ``samples`` or ``size`` takes them from its data (the option is refused).
 TASK_DEFAULTS = {
     'moving-bars': dict(samples=2048, size=16, steps=20, epochs=6),
     'digits': dict(samples=1797, size=16, steps=24, epochs=6),
+    'shd': dict(samples=1000, steps=50, epochs=8),
+    'events': dict(steps=20, epochs=6),
 }
+#: Model defaults by the number of spatial axes of the frames: kernel extent and the
+#: pooling window after each block (1-D streams over many channels are pooled).
+MODEL_DEFAULTS = {1: dict(kernel_size=7, pool=4), 2: dict(kernel_size=3, pool=1),
+                  3: dict(kernel_size=3, pool=1)}
+#: Channels of the SHD-like task (those of the Spiking Heidelberg Digits).
+SHD_CHANNELS = 700
+#: Samples whose frames a streamed dataset keeps in memory, unless --cache-size says.
+DEFAULT_CACHE_SIZE = 256
 ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
 #: The options that define a run: stored with it, and equal on ``--resume``.
 RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'samples', 'size',
-               'steps', 'test_fraction', 'channels', 'tau', 'decay', 'update_every', 'loss',
-               'final_steps', 'nonfinite')
+               'steps', 'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay',
+               'update_every', 'loss', 'final_steps', 'nonfinite', 'data', 'sensor_size',
+               'window_us', 'stream')
+# Options that only some tasks take.
+_TASK_OPTIONS = {'size': ('moving-bars', 'digits'), 'samples': ('moving-bars', 'digits', 'shd'),
+                 'data': ('events',), 'sensor_size': ('events',), 'window_us': ('events',),
+                 'stream': ('events',), 'cache_size': ('events',)}
 
 
 class UsageError(Exception):
@@ -85,6 +113,18 @@ def _channels(text: str) -> tuple:
     return channels
 
 
+def _sensor_size(text: str) -> tuple:
+    try:
+        size = tuple(int(c) for c in text.split(','))
+    except ValueError:
+        size = ()
+    if not 2 <= len(size) <= 4 or min(size) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected the sensor size in tonic's order, 2 to 4 comma-separated positive ints "
+            f"with the polarities last, such as 700,1,1 or 34,34,2, got {text!r}")
+    return size
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``braintrace-conv`` (errors raise :class:`UsageError`)."""
     parser = _Parser(prog=PROG, description='Online training of recurrent spiking conv nets.')
@@ -92,11 +132,34 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest='command', required=True, parser_class=_Parser)
     train = commands.add_parser(
         'train', usage='%(prog)s [options]  (see --help)',
-        help='train a recurrent spiking conv net on a synthetic event dataset',
-        description='Train a recurrent spiking conv net. Task defaults: ' + '; '.join(
-            f'{task}: ' + ', '.join(f'{k}={v}' for k, v in defaults.items())
-            for task, defaults in TASK_DEFAULTS.items()) + '.')
+        help='train a recurrent spiking conv net on a synthetic or recorded event dataset',
+        description='Train a recurrent spiking conv net. Tasks: moving-bars (DVS-like), digits '
+                    '(digit saccades), shd (SHD-like spoken words, 700 channels, 1-D '
+                    'convolutions), events (a directory DATA/<class>/<sample>.npy|.npz of '
+                    'tonic-format events). Task defaults: ' + '; '.join(
+                        f'{task}: ' + ', '.join(f'{k}={v}' for k, v in defaults.items())
+                        for task, defaults in TASK_DEFAULTS.items()) + '. Model defaults by '
+                    'frame rank: ' + '; '.join(
+                        f'{rank}-D: ' + ', '.join(f'{k}={v}' for k, v in defaults.items())
+                        for rank, defaults in MODEL_DEFAULTS.items()) + '.')
     train.add_argument('--task', choices=tuple(TASK_DEFAULTS), default='moving-bars')
+    train.add_argument('--data', type=Path, metavar='DIR',
+                       help='events: directory with one sub-directory of event files per class')
+    train.add_argument('--sensor-size', type=_sensor_size, metavar='X,Y,P',
+                       help="events: sensor size in tonic's order, e.g. 700,1,1 (1-D, fields "
+                            "t, x, p) or 34,34,2 (2-D, fields t, x, y, p)")
+    train.add_argument('--window-us', type=float, metavar='W',
+                       help='events: time bins of W microseconds from each recording\'s first '
+                            'event, --steps of them (default: --steps equal bins spanning '
+                            'each recording)')
+    train.add_argument('--stream', action='store_true',
+                       help='events: read and bin files per batch instead of loading them all')
+    train.add_argument('--cache-size', type=int, metavar='N',
+                       help='events with --stream: samples whose frames stay in memory '
+                            f'(default {DEFAULT_CACHE_SIZE})')
+    train.add_argument('--devices', type=int, metavar='N',
+                       help='data-parallel devices (default: all of jax.devices()); the batch '
+                            'size must be a multiple of their number')
     train.add_argument('--algorithm', choices=ALGORITHMS, default='es-d-rtrl')
     train.add_argument('--epochs', type=int, help='training epochs (task default)')
     train.add_argument('--batch-size', type=int, default=32)
@@ -106,12 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help='run directory (default runs/<task>-<algorithm>)')
     train.add_argument('--lr', type=float, default=5e-3,
                        help='peak Adam learning rate (cosine decay to 10%% of it)')
-    train.add_argument('--samples', type=int, help='dataset size, train + test (task default)')
-    train.add_argument('--size', type=int, help='frame height = width in pixels (task default)')
+    train.add_argument('--samples', type=int,
+                       help='dataset size, train + test (moving-bars, digits, shd; task default)')
+    train.add_argument('--size', type=int,
+                       help='frame height = width in pixels (moving-bars, digits; task default)')
     train.add_argument('--steps', type=int, help='time steps T per sample (task default)')
     train.add_argument('--test-fraction', type=float, default=0.25)
     train.add_argument('--channels', type=_channels, default=(8, 16),
                        help='channels of the spiking blocks, e.g. 8,16')
+    train.add_argument('--kernel-size', type=int, metavar='K',
+                       help='kernel extent along every spatial axis (default by frame rank)')
+    train.add_argument('--pool', type=int, metavar='P',
+                       help='average the spikes of each block over windows of this many '
+                            'positions per axis; 1: none (default by frame rank)')
     train.add_argument('--tau', type=float, default=10.0, help='membrane time constant, ms')
     train.add_argument('--decay', type=float,
                        help='ES-D-RTRL trace decay (default exp(-dt/tau), dt = 1 ms)')
@@ -144,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument('--checkpoint', choices=tuple(run_dir.CHECKPOINTS),
                           help='which parameters (default: best if the run has it, else last)')
     evaluate.add_argument('--batch-size', type=int, default=64)
+    evaluate.add_argument('--devices', type=int, metavar='N',
+                          help='data-parallel devices (default: all of jax.devices())')
     evaluate.set_defaults(usage=evaluate.format_usage())
     return parser
 
@@ -152,16 +224,68 @@ def _option(name: str) -> str:
     return '--' + name.replace('_', '-')
 
 
+def _frame_rank(args) -> int:
+    """Number of spatial axes of the task's frames (which convolutions the model uses)."""
+    if args.task == 'shd':
+        return 1
+    if args.task != 'events':
+        return 2
+    size = args.sensor_size      # tonic's order; (X, P) and (X, 1, P) are 1-D sensors
+    return 1 if len(size) == 2 or (len(size) == 3 and size[1] == 1) else len(size) - 1
+
+
+def _fill_model_defaults(args) -> None:
+    for key, value in MODEL_DEFAULTS[_frame_rank(args)].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+def _devices(requested: Optional[int], usage: str) -> int:
+    """The number of devices to use, checked against those available."""
+    available = jax.devices()
+    if requested is None:
+        return len(available)
+    if requested <= 0:
+        raise UsageError(f'--devices must be positive, got {requested}', usage)
+    if requested > len(available):
+        raise UsageError(f'--devices {requested} exceeds the {len(available)} available '
+                         f'{available[0].platform} device(s); on a CPU, set XLA_FLAGS='
+                         f'--xla_force_host_platform_device_count={requested} before starting',
+                         usage)
+    return requested
+
+
 def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
-    """Fill task defaults and check ranges; raises :class:`UsageError`."""
+    """Fill task and model defaults and check ranges; raises :class:`UsageError`."""
     def fail(message):
         raise UsageError(message, usage)
 
+    for name, tasks in _TASK_OPTIONS.items():
+        given = getattr(args, name) is not None and getattr(args, name) is not False
+        if given and args.task not in tasks:
+            fail(f'{_option(name)} applies only to --task {" or ".join(tasks)}')
+    if args.task == 'events':
+        if args.data is None or args.sensor_size is None:
+            fail('--task events needs --data DIR and --sensor-size X,Y,P')
+        if not Path(args.data).is_dir():
+            fail(f'--data {args.data} is not a directory')
+        args.data = str(Path(args.data).resolve())
+        if args.cache_size is not None and not args.stream:
+            fail('--cache-size applies only with --stream')
+        if args.cache_size is not None and args.cache_size < 0:
+            fail(f'--cache-size must be non-negative, got {args.cache_size}')
+        if args.stream and args.cache_size is None:
+            args.cache_size = DEFAULT_CACHE_SIZE
+        if args.window_us is not None and not (args.window_us > 0
+                                               and math.isfinite(args.window_us)):
+            fail(f'--window-us must be a positive number, got {args.window_us}')
     for key, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for name in ('epochs', 'batch_size', 'samples', 'size', 'steps', 'final_steps', 'log_every'):
-        if getattr(args, name) <= 0:
+    _fill_model_defaults(args)
+    for name in ('epochs', 'batch_size', 'samples', 'size', 'steps', 'final_steps', 'log_every',
+                 'kernel_size', 'pool'):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             fail(f'{_option(name)} must be positive, got {getattr(args, name)}')
     if args.seed < 0:
         fail(f'--seed must be non-negative, got {args.seed}')
@@ -179,6 +303,10 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
         fail('--decay applies only to --algorithm es-d-rtrl')
     if args.loss == 'final' and args.final_steps > args.steps:
         fail(f'--final-steps ({args.final_steps}) exceeds --steps ({args.steps})')
+    args.devices = _devices(args.devices, usage)
+    if args.batch_size % args.devices:
+        fail(f'--batch-size ({args.batch_size}) must be a multiple of the number of devices '
+             f'({args.devices}; set with --devices): each takes an equal share of the batch')
     if args.out is None:
         args.out = Path('runs') / f'{args.task}-{args.algorithm}'
     return args
@@ -211,20 +339,40 @@ def _bytes(n: int) -> str:
         n /= 1024
 
 
-def _check_memory(args, usage: str) -> None:
+def _check_memory(samples: int, steps: int, frame_shape: tuple, remedy: str,
+                  usage: str) -> None:
     """Refuse, before allocating it, a dataset that cannot fit in memory: its float32
-    events ``samples x steps x 2 x size x size``, held twice (the data and its split)."""
-    need = 2 * 4 * args.samples * args.steps * 2 * args.size ** 2
+    events ``samples x steps x frame``, held twice (the data and its split)."""
+    need = 2 * 4 * samples * steps * math.prod(frame_shape)
     available = _available_memory()
     if available is not None and need > available:
-        raise UsageError(f'the dataset needs about {_bytes(need)} ({args.samples} samples x '
-                         f'{args.steps} steps x 2 x {args.size} x {args.size} float32, with its '
-                         f'train/test split) but {_bytes(available)} of memory is available; '
-                         f'lower --samples, --size or --steps', usage)
+        frame = ' x '.join(map(str, frame_shape))
+        raise UsageError(f'the dataset needs about {_bytes(need)} ({samples} samples x '
+                         f'{steps} steps x {frame} float32, with its train/test split) but '
+                         f'{_bytes(available)} of memory is available; {remedy}', usage)
 
 
-def _dataset(args):
+def _dataset(args, usage: str):
+    """The task's dataset, checked to fit in memory unless streamed."""
+    if args.task == 'events':
+        binning = dict(n_time_bins=args.steps)
+        if args.window_us is not None:
+            binning['time_window_us'] = args.window_us
+        data = stream_directory(args.data, sensor_size=tuple(args.sensor_size),
+                                cache_size=args.cache_size if args.stream else 1, **binning)
+        if args.stream:
+            return data
+        _check_memory(len(data), args.steps, data.frame_shape, 'lower --steps or pass --stream',
+                      usage)
+        return data.to_memory()
+    if args.task == 'shd':
+        _check_memory(args.samples, args.steps, (1, SHD_CHANNELS), 'lower --samples or --steps',
+                      usage)
+        return synthetic_shd(args.samples, T=args.steps, n_channels=SHD_CHANNELS,
+                             seed=args.seed)[0]
     size = (args.size, args.size)
+    _check_memory(args.samples, args.steps, (2, *size), 'lower --samples, --size or --steps',
+                  usage)
     if args.task == 'moving-bars':
         return moving_bars(args.samples, T=args.steps, size=size, seed=args.seed)
     return digits_saccades(n_samples=args.samples, T=args.steps, size=size,
@@ -243,16 +391,15 @@ def _learner(args, model):
 def _setup(args, usage: str, *, train: bool = True):
     """``(trainer, train set, test set)`` from the run options; bad values raise
     :class:`UsageError`."""
-    _check_memory(args, usage)
     try:
-        data = _dataset(args)
+        data = _dataset(args, usage)
         train_set, test_set = data.split(args.test_fraction, seed=args.seed)
         if args.batch_size > len(train_set):
             raise ValueError(f'--batch-size ({args.batch_size}) exceeds the {len(train_set)} '
                              f'training samples')
         brainstate.random.seed(args.seed)
-        model = recurrent_conv_snn(data.frame_shape, data.num_classes,
-                                   channels=args.channels, tau=args.tau)
+        model = recurrent_conv_snn(data.frame_shape, data.num_classes, channels=args.channels,
+                                   kernel_size=args.kernel_size, pool=args.pool, tau=args.tau)
         optimizer = None
         if train:
             total_updates = args.epochs * (len(train_set) // args.batch_size)
@@ -262,7 +409,7 @@ def _setup(args, usage: str, *, train: bool = True):
                                                                alpha=0.1))
         trainer = Trainer(_learner(args, model), optimizer, loss=args.loss.replace('-', '_'),
                           final_steps=args.final_steps, update_every=args.update_every,
-                          nonfinite=args.nonfinite)
+                          nonfinite=args.nonfinite, devices=args.devices)
     except (ValueError, TypeError) as error:
         raise UsageError(str(error), usage) from None
     return trainer, train_set, test_set
@@ -322,7 +469,7 @@ def _train(args, usage: str, start: float) -> int:
         print(f'{args.task}: {len(train)} train / {len(test)} test samples, '
               f'T={train.num_steps}, frames {train.frame_shape}; {learner.algorithm}'
               + (f' (decay {learner.decay:.4f})' if isinstance(learner, ES_D_RTRL) else '')
-              + f'; run directory {args.out}', flush=True)
+              + f'; {args.devices} device(s); run directory {args.out}', flush=True)
     try:
         trainer.fit(train, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed,
                     eval_dataset=test, out_dir=args.out, progress=not args.quiet,
@@ -356,12 +503,17 @@ def _evaluate(args, usage: str) -> int:
         stored = checkpoint.field(meta, 'run', dict, path)
     except (FileNotFoundError, checkpoint.CheckpointError) as error:
         raise UsageError(f'--run: {error}', usage) from None
-    missing = [k for k in RUN_OPTIONS if k not in stored]
+    missing = [k for k in ('task', 'algorithm') if k not in stored]
     if missing:
         raise UsageError(f'--run: {path} was not written by "{PROG} train" (its run options '
                          f'lack {", ".join(missing)})', usage)
-    run = argparse.Namespace(**{k: stored[k] for k in RUN_OPTIONS})
+    # options a run of an earlier version did not store take their defaults
+    defaults = vars(build_parser().parse_args(['train', '--task', stored['task']]))
+    run = argparse.Namespace(**{k: stored.get(k, defaults[k]) for k in RUN_OPTIONS})
     run.channels = tuple(run.channels)
+    run.cache_size = DEFAULT_CACHE_SIZE
+    _fill_model_defaults(run)
+    run.devices = _devices(args.devices, usage)
     trainer, _, test = _setup(run, usage, train=False)
     try:
         meta = trainer.load_params(path)
@@ -382,11 +534,18 @@ def _run(argv: Optional[Sequence[str]], start: float) -> int:
     return _evaluate(args, args.usage)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    print(f'{PROG}: warning: {" ".join(str(message).split())}', file=sys.stderr)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+    Warnings are shown as one line each on stderr."""
     start = time.perf_counter()
     try:
-        return _run(argv, start)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return _run(argv, start)
     except UsageError as error:
         print(f'{error.usage.strip()}\n{PROG}: error: {" ".join(str(error).split())}',
               file=sys.stderr)

@@ -64,6 +64,19 @@ CASES = [
     (['train', '--log-every', '0'], '--log-every must be positive, got 0'),
     (['train', '--seed', '-1'], '--seed must be non-negative, got -1'),
     (['train', '--nonfinite', 'ignore'], "argument --nonfinite: invalid choice: 'ignore'"),
+    (['train', '--devices', '0'], '--devices must be positive, got 0'),
+    (['train', '--devices', '2'], r'--devices 2 exceeds the 1 available cpu device\(s\); on a '
+                                  r'CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=2'),
+    (['train', '--pool', '0'], '--pool must be positive, got 0'),
+    (['train', '--kernel-size', '-3'], '--kernel-size must be positive, got -3'),
+    (['train', '--task', 'shd', '--size', '8'], '--size applies only to --task moving-bars or '
+                                                'digits'),
+    (['train', '--data', '.'], '--data applies only to --task events'),
+    (['train', '--stream'], '--stream applies only to --task events'),
+    (['train', '--cache-size', '0'], '--cache-size applies only to --task events'),
+    (['train', '--task', 'shd', '--samples', '100000000'],
+     r'the dataset needs about .* \(100000000 samples x 50 steps x 1 x 700 float32.*lower '
+     r'--samples or --steps'),
     ([*TRAIN, '--batch-size', '40'], r'--batch-size \(40\) exceeds the 32 training samples'),
     (['train', '--task', 'digits', '--samples', '5000'], 'n_samples'),
     (['train', '--size', '100000'], r'the dataset needs about 5.82 PiB \(2048 samples x 20 '
@@ -94,6 +107,7 @@ CASES = [
     (['evaluate', '--run', '{run}', '--checkpoint', 'worst'],
      "argument --checkpoint: invalid choice: 'worst'"),
     (['evaluate', '--run', '{run}', '--batch-size', '0'], '--batch-size must be positive, got 0'),
+    (['evaluate', '--run', '{run}', '--devices', '3'], '--devices 3 exceeds the 1 available'),
 ]
 
 
