@@ -50,6 +50,22 @@ def test_evaluate_reports_the_saved_run(run, capsys):
     assert f"test accuracy {best['test_accuracy']:.1%}" in line and 'spike rates' in line
 
 
+def test_warnings_are_one_line_on_stderr(run, capsys, monkeypatch):
+    import warnings
+
+    from braintrace_conv.training import Trainer
+    original = Trainer.load_params
+
+    def load_params(self, *args, **kwargs):
+        warnings.warn('a warning\n  over two lines', RuntimeWarning)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, 'load_params', load_params)
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(run)]) == 0
+    assert capsys.readouterr().err == 'braintrace-conv: warning: a warning over two lines\n'
+
+
 def test_resuming_a_finished_run_says_so_and_changes_nothing(run, capsys):
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     capsys.readouterr()
