@@ -39,7 +39,7 @@ class ResetLIF(brainstate.nn.Module):
         self.shape, self.decay, self.spike = tuple(shape), decay, Sigmoid(4.0)
 
     def init_state(self, batch_size=None, **kwargs):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, *self.shape)))
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, *self.shape), brainstate.environ.dftype()))
 
     def update(self, current):
         v = self.decay * self.h.value + current
