@@ -32,13 +32,15 @@ import argparse
 import json
 import math
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import write_results  # noqa: E402
 
 ALGORITHMS = ('bptt', 'es-d-rtrl', 'd-rtrl')
 BATCH, IN_SHAPE, NUM_CLASSES, TAU = 16, (2, 64, 64), 11, 20.0
@@ -204,14 +206,9 @@ def main(argv=None) -> int:
         largest = ('any' if fit['largest_T'] is None and fit['mib_per_step'] is not None
                    else '-' if fit['largest_T'] is None else str(fit['largest_T']))
         print(f"| {a} | {per_step} | {largest} | {fit['how']} |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, 'w') as f:
-        json.dump(dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
-                                    python=platform.python_version()),
-                       workload=dict(batch=BATCH, in_shape=IN_SHAPE, classes=NUM_CLASSES,
-                                     tau_ms=TAU, budget_gib=args.budget_gib),
-                       rows=rows, largest_T=fits), f, indent=2)
-    print(f'wrote {args.out}', file=sys.stderr)
+    write_results(args.out, workload=dict(batch=BATCH, in_shape=IN_SHAPE, classes=NUM_CLASSES,
+                                          tau_ms=TAU, budget_gib=args.budget_gib),
+                  rows=rows, largest_T=fits)
     return 0
 
 

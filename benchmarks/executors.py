@@ -21,15 +21,14 @@ Prints a Markdown table and writes JSON (default benchmarks/results/executors.js
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import write_results  # noqa: E402
 
 ALGORITHMS = ('bptt', 'es-d-rtrl', 'd-rtrl')
 
@@ -96,11 +95,7 @@ def main(argv=None) -> int:
         print(f"| {r['style']} | {r['algorithm']} | {r['T']} | {r['median_s']:.3f} | "
               f"{r['vs_bptt']:.2f}x | {r['compile_s']:.1f} | {r['temp_mb']:.1f} | "
               f"{r['convolutions']} | {r['trace_mb']:.2f} | {r['cosine_to_bptt']:.4f} |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, 'w') as f:
-        json.dump(dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
-                                    python=platform.python_version()), rows=rows), f, indent=2)
-    print(f'wrote {args.out}', file=sys.stderr)
+    write_results(args.out, rows=rows)
     return 0
 
 

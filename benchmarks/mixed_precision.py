@@ -19,15 +19,14 @@ Prints a Markdown table and writes JSON (default benchmarks/results/mixed_precis
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import write_results  # noqa: E402
 
 
 def _bfloat16_model(style):
@@ -106,11 +105,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"| {r['style']} | {r['algorithm']} | {r['T']} | {r['cosine']:.4f} | "
               f"{r['max_rel_err']:.3f} | {r['float32_s']:.3f} | {r['bfloat16_s']:.3f} |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, 'w') as f:
-        json.dump(dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
-                                    python=platform.python_version()), rows=rows), f, indent=2)
-    print(f'wrote {args.out}', file=sys.stderr)
+    write_results(args.out, rows=rows)
     return 0
 
 

@@ -37,15 +37,14 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
-import json
 import os
-import platform
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import write_results  # noqa: E402
 
 TORCH_THREADS = 2
 CHECK_STEPS = 20            # forward logits compared over the first steps
@@ -187,15 +186,10 @@ def main(argv=None) -> int:
                   f"{row['median_s']:.3f} s  cos {row['cosine_to_our_bptt']:.6f}",
                   file=sys.stderr, flush=True)
     print(table(rows))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     import jax
     versions.update(jax=jax.__version__, brainstate=importlib.metadata.version('brainstate'))
-    with open(args.out, 'w') as f:
-        json.dump(dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
-                                    python=platform.python_version(),
-                                    torch_threads=TORCH_THREADS),
-                       versions=versions, rows=rows), f, indent=2)
-    print(f'wrote {args.out}', file=sys.stderr)
+    write_results(args.out, machine=dict(torch_threads=TORCH_THREADS), versions=versions,
+                  rows=rows)
     return 0
 
 
