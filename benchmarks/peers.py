@@ -30,6 +30,17 @@ skipped with a line saying so; torch is imported only if present.
     python benchmarks/peers.py                           # T = 100 400, 5 rounds
     python benchmarks/peers.py --lengths 20 --repeats 2
 
+The peers are never dependencies. Install them in a virtual environment that
+sees the project's packages, so torch stays out of every other process (with
+torch importable, saiunit imports it whenever a model is built):
+
+    python3 -m venv --system-site-packages peers-venv
+    peers-venv/bin/pip install "torch==2.13.0+cpu"      # the CPU wheel, not CUDA
+    peers-venv/bin/pip install snntorch
+    peers-venv/bin/pip install --no-deps spikingjelly   # its declared deps pull CUDA torch
+    peers-venv/bin/pip install tqdm scipy matplotlib loguru h5py
+    peers-venv/bin/python benchmarks/peers.py
+
 Prints a Markdown table and writes JSON (default benchmarks/results/peers.json).
 """
 from __future__ import annotations
