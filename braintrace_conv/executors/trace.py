@@ -9,6 +9,7 @@ computed from parameters rebound as ETP ops (:mod:`braintrace_conv.lift`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -98,17 +99,8 @@ class TracedStep:
         (restored afterwards)."""
         states = (self._states(brainstate.HiddenState, self.hidden_keys)
                   + self._states(brainstate.ParamState, self.param_keys))
-        treedefs = self.hidden_treedefs + self.param_treedefs
-        saved = [st.value for st in states]
-        try:
-            with brainstate.StateTraceStack():
-                it = iter([*hidden, *params])
-                for st, tdef in zip(states, treedefs):
-                    st.value = jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
-                return fn(self.model)
-        finally:
-            for st, v in zip(states, saved):
-                st.restore_value(v)
+        with _values_set(states, self.hidden_treedefs + self.param_treedefs, [*hidden, *params]):
+            return fn(self.model)
 
     def evaluate(self, hidden, params, inputs):
         """Plain evaluation: ``(new hidden leaves, output leaves)``."""
@@ -123,6 +115,22 @@ def _leaf_names(key, value):
     if len(paths) == 1:
         return [base]
     return [base + jax.tree_util.keystr(p) for p, _ in paths]
+
+
+@contextlib.contextmanager
+def _values_set(states, treedefs, leaves):
+    """Give ``states`` the values rebuilt from flat ``leaves`` inside the block (under a
+    trace stack of their own), and restore their values afterwards."""
+    saved = [st.value for st in states]
+    try:
+        with brainstate.StateTraceStack():
+            it = iter(leaves)
+            for st, tdef in zip(states, treedefs):
+                st.value = jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
+            yield
+    finally:
+        for st, v in zip(states, saved):
+            st.restore_value(v)
 
 
 def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
@@ -151,19 +159,11 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
     known = set(map(id, every))
 
     def step(hidden_and_params, xs):
-        saved = [st.value for st in every]
-        try:
-            with brainstate.StateTraceStack():
-                it = iter(hidden_and_params)
-                for st, tdef in zip(every, treedefs):
-                    st.value = jax.tree.unflatten(tdef, [next(it) for _ in range(tdef.num_leaves)])
-                with brainstate.StateTraceStack() as stack:   # records the model's own writes
-                    out = model.update(jax.tree.unflatten(x_tree, xs))
-                new_hidden = [leaf for st in hidden_states for leaf in jax.tree.leaves(st.value)]
-                written = [st for st, w in zip(stack.states, stack.been_writen) if w]
-        finally:
-            for st, v in zip(every, saved):
-                st.restore_value(v)
+        with _values_set(every, treedefs, hidden_and_params):
+            with brainstate.StateTraceStack() as stack:   # records the model's own writes
+                out = model.update(jax.tree.unflatten(x_tree, xs))
+            new_hidden = [leaf for st in hidden_states for leaf in jax.tree.leaves(st.value)]
+            written = [st for st, w in zip(stack.states, stack.been_writen) if w]
         for st in written:
             if id(st) not in known:
                 raise ValueError(f'model.update writes state {st!r} which is neither a '
