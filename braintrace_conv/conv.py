@@ -31,15 +31,17 @@ through memory once per step instead of being re-read for a separate dot.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.interpreters import ad, mlir
 
 from .conv_args import conv_params
-from .primitive import apply_state_jacobian, register_primitive, weight_vjp
+from .primitive import apply_state_jacobian, register_primitive
 from .units import bias_in_unit, join_unit, split_unit
 
 __all__ = ['etp_conv_p', 'conv']
@@ -61,8 +63,36 @@ def _bias_shape(rank: int, channel_axis: int, out_ch: int):
     return shape
 
 
-def _conv_impl(x, kernel, *bias, has_bias, pool=None, **p):
-    y = _lax_conv(x, kernel, p)
+def _channels_last(n_spatial: int) -> lax.ConvDimensionNumbers:
+    """Dimension numbers of ``x (N, *S, C)``, ``kernel (*U, I, O)``, ``y (N, *S, K)``."""
+    spatial = tuple(range(1, n_spatial + 1))
+    return lax.ConvDimensionNumbers((0, n_spatial + 1, *spatial),
+                                    (n_spatial + 1, n_spatial, *range(n_spatial)),
+                                    (0, n_spatial + 1, *spatial))
+
+
+def _channels_last_conv(x, kernel, p):
+    """``_lax_conv`` computed on channels-last copies of ``x`` and ``kernel``.
+
+    XLA's CPU backend runs convolutions inside loop bodies (every executor's scan)
+    fast only in this layout: measured per step (``benchmarks/conv_lowering.py``),
+    a channels-first forward is up to 50x slower (128 channels, 16x16) and even a
+    channels-last input gradient, whose kernel XLA leaves in ``(*U, O, I)`` order,
+    up to 17x. The transposes cost little next to that.
+    """
+    dn, n = p['dimension_numbers'], x.ndim - 2
+    x_cl = jnp.transpose(x, (dn.lhs_spec[0], *dn.lhs_spec[2:], dn.lhs_spec[1]))
+    k_cl = jnp.transpose(kernel, (*dn.rhs_spec[2:], dn.rhs_spec[1], dn.rhs_spec[0]))
+    y = _lax_conv(x_cl, k_cl, dict(p, dimension_numbers=_channels_last(n)))
+    at = (0, n + 1, *range(1, n + 1))   # axis of y holding canonical dim j (N, K, *S)
+    perm = [0] * y.ndim
+    for j, axis in enumerate(dn.out_spec):
+        perm[axis] = at[j]
+    return jnp.transpose(y, perm)
+
+
+def _conv_impl(x, kernel, *bias, has_bias, pool=None, convolution=_lax_conv, **p):
+    y = convolution(x, kernel, p)
     if has_bias:
         (b,) = bias
         channel_axis = p['dimension_numbers'].out_spec[1]
@@ -222,45 +252,49 @@ def _trace_to_dw(trace, hidden_dim, weights, **p):
 
 
 def _xy_to_dw(x, hidden_dim, weights, **p):
-    """Weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta``.
-
-    On CPU it is computed as one matrix product of the output cotangent with the
-    receptive-field patches, ``dK[k, (c,u)] = sum_{b,s} cot[b,s,k] P[b,s,(c,u)]``;
-    measured on the benchmark layers (batch 8, 32x32, 3x3; ms per call, XLA CPU):
-    2 -> 8 channels 0.26 (NCHW) / 0.21 (NHWC) against 0.22 / 1.28 for the
-    weight-gradient convolution, and 8 -> 16 stride 2 0.20 / 0.18 against 2.44 /
-    2.56. Other backends use the convolution (:func:`_patch_products`).
-    """
-    if _patch_products():
-        return _patch_weight_grad(x, hidden_dim, weights, p)
-    operands = [x, weights['weight']] + ([weights['bias']] if p['has_bias'] else [])
-    return weight_vjp(etp_conv_p, operands, hidden_dim, **p)
-
-
-def _patch_products() -> bool:
-    """Whether weight gradients are patch products: on CPU, where they were measured faster
-    (see :func:`_xy_to_dw`). Read from the default backend when the computation is traced
-    (a ``lax.platform_dependent`` choice would store both branches' residuals in BPTT,
-    which takes its weight gradients from this rule too)."""
-    return jax.default_backend() == 'cpu'
-
-
-def _patch_weight_grad(x, cot, weights, p):
-    """``xy_to_dw`` as a matrix product of the cotangent with the patches (see there)."""
-    patches = _patches(x, weights['weight'].shape, p)         # (G, N, P, *S)
+    """Weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta``: the kernel gradient is a
+    convolution of ``x`` with the cotangent (:func:`_kernel_gradient`), the bias gradient
+    the cotangent summed over batch and positions (a folded pooling is undone first)."""
+    cot = hidden_dim
     if p.get('pool') is not None:
-        patches = _pooled_patches(patches, p)
-    cot_c = _out_to_canonical(cot, p, 0)                      # (G, K/G, N, *S)
-    g, kg, n = cot_c.shape[:3]
-    dk = lax.dot_general(cot_c.reshape(g, kg, n, -1).astype(patches.dtype),
-                         patches.reshape(g, n, patches.shape[2], -1),
-                         (((2, 3), (1, 3)), ((0,), (0,))))      # (G, K/G, P)
-    out = {'weight': _kernel_from_canonical(dk, weights['weight'].shape, p).astype(cot.dtype)}
+        unpooled = jnp.zeros(_unpooled_shape(x, weights, p), cot.dtype)
+        (cot,) = jax.vjp(lambda y: _pool(y, p['pool']), unpooled)[1](cot)
+    out = {'weight': _kernel_gradient(x, cot, weights['weight'].shape, p).astype(hidden_dim.dtype)}
     if p['has_bias']:
-        if p.get('pool') is not None:     # d y'/d b: the pooled window count
-            cot = cot * _pool(jnp.ones(_unpooled_shape(x, weights, p), cot.dtype), p['pool'])
         out['bias'] = jnp.sum(cot, axis=_spatial_axes_of_out(p, cot.ndim))
     return out
+
+
+def _kernel_gradient(x, cot, kernel_shape, p):
+    """``dK[k,c,u] = sum_{b,s} cot[b,s,k] x[b, sigma(s,u), c]`` as a convolution: ``x`` with
+    batch and feature roles swapped is the input, the cotangent the kernel (its batch axis
+    the kernel's input axis), the forward strides become its kernel dilation and the
+    forward kernel dilation its strides. Feature groups become batch groups and vice
+    versa. Written as this primitive, it lowers like a forward convolution (channels-last
+    on CPU, where it measured 1.2-3x faster per step than a matrix product of the
+    cotangent with the receptive-field patches, and far faster than XLA's own
+    weight-gradient convolution inside a loop: ``benchmarks/conv_lowering.py``)."""
+    dn = p['dimension_numbers']
+    taps = [kernel_shape[a] for a in dn.rhs_spec[2:]]
+    dilated = [(x.shape[a] - 1) * d + 1 for a, d in zip(dn.lhs_spec[2:], p['lhs_dilation'])]
+    extent = [(t - 1) * r + 1 for t, r in zip(taps, p['rhs_dilation'])]
+    padding = p['padding']
+    if isinstance(padding, str):
+        padding = lax.padtype_to_pads(dilated, extent, p['strides'], padding)
+    out_sizes = [cot.shape[a] for a in dn.out_spec[2:]]
+    pads = tuple((low, (t - 1) * r + (o - 1) * s + 1 - size - low) for size, o, t, r, s, (low, _)
+                 in zip(dilated, out_sizes, taps, p['rhs_dilation'], p['strides'], padding))
+    dtype = jnp.result_type(x, cot)
+    return etp_conv_p.bind(
+        x.astype(dtype), cot.astype(dtype), has_bias=False, pool=None,
+        strides=tuple(p['rhs_dilation']), padding=pads, lhs_dilation=tuple(p['lhs_dilation']),
+        rhs_dilation=tuple(p['strides']),
+        feature_group_count=p['batch_group_count'], batch_group_count=p['feature_group_count'],
+        dimension_numbers=lax.ConvDimensionNumbers(
+            (dn.lhs_spec[1], dn.lhs_spec[0], *dn.lhs_spec[2:]),
+            (dn.out_spec[1], dn.out_spec[0], *dn.out_spec[2:]),
+            (dn.rhs_spec[1], dn.rhs_spec[0], *dn.rhs_spec[2:])),
+        precision=p['precision'], preferred_element_type=p['preferred_element_type'])
 
 
 def _unpooled_shape(x, weights, p):
@@ -285,6 +319,77 @@ etp_conv_p = register_primitive('etp_conv', _conv_impl, batched=True,
 etp_conv_p.register_etp_rules(yw_to_w=_yw_to_w, xy_to_dw=_xy_to_dw, init_drtrl=_init_drtrl,
                               init_pp=_init_pp, xdf_to_trace=_xdf_to_trace,
                               trace_to_dw=_trace_to_dw)
+
+
+# --------------------------------------------------------------------------- JAX rules
+# The convolution is bilinear: the tangent in x is the primitive itself (no bias), so the
+# input gradient is this module's transposed convolution, which lowers like any other.
+def _conv_jvp(primals, tangents, *, has_bias, **p):
+    x, kernel, *bias = primals
+    x_dot, *weight_dots = tangents
+    parts = []
+    if type(x_dot) is not ad.Zero:
+        parts.append(etp_conv_p.bind(x_dot, kernel, has_bias=False, **p))
+    if any(type(t) is not ad.Zero for t in weight_dots):   # linear in (kernel, bias) jointly
+        parts.append(etp_conv_p.bind(x, *map(ad.instantiate_zeros, weight_dots),
+                                     has_bias=has_bias, **p))
+    return etp_conv_p.bind(*primals, has_bias=has_bias, **p), sum(parts[1:], parts[0])
+
+
+def _conv_transpose(cotangent, x, *weights, has_bias, **p):
+    if not ad.is_undefined_primal(x):
+        return _weights_transpose(cotangent, x, *weights, has_bias=has_bias, **p)
+    if has_bias or any(ad.is_undefined_primal(w) for w in weights):
+        raise NotImplementedError('etp_conv is linear in x only without a bias and for a '
+                                  'fixed kernel.')
+    cotangent = ad.instantiate_zeros(cotangent)
+    if p.get('pool') is not None:     # undo the folded pooling (linear) first
+        unpooled = jnp.zeros(_unpooled_shape(x.aval, {'weight': weights[0]}, p), cotangent.dtype)
+        (cotangent,) = jax.vjp(lambda y: _pool(y, p['pool']), unpooled)[1](cotangent)
+    dx = _input_gradient(cotangent, weights[0], x.aval.shape, p)
+    return [dx.astype(x.aval.dtype), None]
+
+
+def _input_gradient(cotangent, kernel, x_shape, p):
+    """``dL/dx`` of ``y = conv(x, kernel)``: a convolution of the cotangent, with input
+    dilation by the strides, the kernel's taps flipped and its in/out roles swapped
+    within each feature group, and the padding that restores ``x``'s extent."""
+    dn, n = p['dimension_numbers'], len(x_shape) - 2
+    if p['batch_group_count'] > 1 or any(d != 1 for d in p['lhs_dilation']):
+        # (rare) forms whose transpose is not such a convolution: lax's own rule
+        zeros = jnp.zeros(x_shape, cotangent.dtype)
+        return jax.vjp(lambda a: _lax_conv(a, kernel, dict(p, pool=None)), zeros)[1](cotangent)[0]
+    g = p['feature_group_count']
+    k = jnp.transpose(kernel, dn.rhs_spec)                                  # (O, I, *U)
+    out_ch, in_ch, taps = k.shape[0], k.shape[1], k.shape[2:]
+    k = k.reshape(g, out_ch // g, in_ch, *taps).swapaxes(1, 2).reshape(g * in_ch, out_ch // g,
+                                                                        *taps)
+    k = jnp.flip(k, axis=tuple(range(2, n + 2)))
+    in_sizes = [x_shape[a] for a in dn.lhs_spec[2:]]
+    out_sizes = [cotangent.shape[a] for a in dn.out_spec[2:]]
+    extent = [(t - 1) * r + 1 for t, r in zip(taps, p['rhs_dilation'])]
+    padding = p['padding']
+    if isinstance(padding, str):
+        padding = lax.padtype_to_pads(in_sizes, extent, p['strides'], padding)
+    pads = []
+    for size, out, e, stride, (low, _) in zip(in_sizes, out_sizes, extent, p['strides'],
+                                              padding):
+        before = e - 1 - low
+        pads.append((before, size + e - 1 - ((out - 1) * stride + 1) - before))
+    iota = tuple(range(n + 2))
+    return etp_conv_p.bind(
+        cotangent, k, **dict(p, has_bias=False, pool=None, strides=(1,) * n, padding=tuple(pads),
+                             lhs_dilation=tuple(p['strides']),
+                             dimension_numbers=lax.ConvDimensionNumbers(dn.out_spec, iota,
+                                                                        dn.lhs_spec)))
+
+
+_weights_transpose = ad.primitive_transposes[etp_conv_p]   # the derived rule (xy_to_dw)
+ad.primitive_jvps[etp_conv_p] = _conv_jvp
+ad.primitive_transposes[etp_conv_p] = _conv_transpose
+mlir.register_lowering(etp_conv_p, mlir.lower_fun(partial(_conv_impl,
+                                                          convolution=_channels_last_conv),
+                                                  multiple_results=False), platform='cpu')
 
 
 # --------------------------------------------------------------------------- public wrapper
