@@ -534,13 +534,14 @@ def trace_shape(cfg: Cfg, n):
     g = cfg.groups
     taps = cfg.in_ch // cfg.feature_group_count * math.prod(cfg.ksize)
     return _in_layout({'N': (cfg.batch // cfg.batch_group_count,), 'G': (g,),
-                       'K': (cfg.out_ch // g,), 'S': cfg.out_size, 'P': (taps,), 'n': (n,)})
+                       'K': (cfg.out_ch // g,), 'S': (math.prod(cfg.out_size),), 'P': (taps,),
+                       'n': (n,)})
 
 
 def trace_index(b, g, kk, s, p, m):
-    """Index of trace entry (batch b, group g, channel kk of the group, position s, tap p,
-    state m); ``p`` and ``m`` may be slices."""
-    return _in_layout({'N': (b,), 'G': (g,), 'K': (kk,), 'S': tuple(s), 'P': (p,), 'n': (m,)})
+    """Index of trace entry (batch b, group g, channel kk of the group, flat position s,
+    tap p, state m); ``p`` and ``m`` may be slices."""
+    return _in_layout({'N': (b,), 'G': (g,), 'K': (kk,), 'S': (s,), 'P': (p,), 'n': (m,)})
 
 
 def position_block(trace, b, g, kk, s):
@@ -564,7 +565,8 @@ def canonical_entries(cfg: Cfg):
         s, p = tuple(rest[:-1]), rest[-1]
         k = g * per_group + kk
         c, *tap = np.unravel_index(p, tap_shape)
-        yield (b, g, kk, s, p), place(dn.out_spec, (b, k, *s)), place(dn.rhs_spec, (k, c, *tap))
+        flat = int(np.ravel_multi_index(s, cfg.out_size)) if s else 0
+        yield (b, g, kk, flat, p), place(dn.out_spec, (b, k, *s)), place(dn.rhs_spec, (k, c, *tap))
 
 
 def y_entries(cfg: Cfg):
@@ -572,7 +574,8 @@ def y_entries(cfg: Cfg):
     dn = cfg.dn
     per_group = cfg.out_ch // cfg.groups
     for b, k, *s in np.ndindex(cfg.batch // cfg.batch_group_count, cfg.out_ch, *cfg.out_size):
-        yield (b, k // per_group, k % per_group, tuple(s)), place(dn.out_spec, (b, k, *s))
+        flat = int(np.ravel_multi_index(s, cfg.out_size)) if s else 0
+        yield (b, k // per_group, k % per_group, flat), place(dn.out_spec, (b, k, *s))
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,7 +30,7 @@ def float64():
 
 
 # Axis order of the kernel trace, as for conv (N batch, G group, K output channel within
-# the group, S spatial positions -- none for dense, P tap = input feature, n state);
+# the group, S flattened positions -- one for dense, P tap = input feature, n state);
 # a dense layer has a single group. Keep in step with conv.py.
 TRACE_LAYOUT = 'GKNnPS'
 
@@ -40,12 +40,12 @@ def _in_layout(parts):
 
 
 def trace_shape(n):
-    return _in_layout({'N': (B,), 'G': (1,), 'K': (OUT,), 'S': (), 'P': (IN,), 'n': (n,)})
+    return _in_layout({'N': (B,), 'G': (1,), 'K': (OUT,), 'S': (1,), 'P': (IN,), 'n': (n,)})
 
 
 def trace_index(b, o, i, m):
     """Index of the trace entry of output (b, o), input feature i, state m (slices allowed)."""
-    return _in_layout({'N': (b,), 'G': (0,), 'K': (o,), 'S': (), 'P': (i,), 'n': (m,)})
+    return _in_layout({'N': (b,), 'G': (0,), 'K': (o,), 'S': (0,), 'P': (i,), 'n': (m,)})
 
 
 def position_block(trace, b, o):
@@ -145,9 +145,8 @@ def test_dense_is_a_one_by_one_conv():
     via_conv = etp_conv_p.rule('xdf_to_trace')(x[:, None], df[:, None], {'weight': w[None],
                                                                           'bias': b},
                                                **conv_params)
-    # the conv trace has one spatial axis of size 1 where the dense trace has none
-    np.testing.assert_allclose(ours['weight'],
-                               np.squeeze(via_conv['weight'], TRACE_LAYOUT.index('S')), **TOL)
+    # positions are flattened into one trace axis: one position either way
+    np.testing.assert_allclose(ours['weight'], via_conv['weight'], **TOL)
     np.testing.assert_allclose(ours['bias'], via_conv['bias'][:, 0], **TOL)
 
 
