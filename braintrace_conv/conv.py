@@ -186,7 +186,7 @@ def _trace_shape(y_shape, kernel_shape, p, n_state):
     g = _groups(p)
     k_in = kernel_shape[p['dimension_numbers'].rhs_spec[1]]
     taps = k_in * math.prod(_kernel_spatial(kernel_shape, p))
-    return (g, y_c[1] // g, y_c[0], n_state, taps, math.prod(y_c[2:]))
+    return (g, y_c[1] // g, taps, y_c[0], n_state, math.prod(y_c[2:]))
 
 
 def _kernel_from_canonical(dk, kernel_shape, p):
@@ -205,11 +205,11 @@ def _spatial_axes_of_out(p, y_ndim):
 # --------------------------------------------------------------------------- ETP rules
 def _yw_to_w(hidden_dim, trace, **p):
     """Apply ``D^t`` (``(*y.shape, n, n)``) to the trace, position by position."""
-    d_c = _out_to_canonical(hidden_dim, p, 2)                 # (G, K/G, N, n, n, S)
-    e = trace['weight']                                       # (G, K/G, N, n, P, S)
+    d_c = _out_to_canonical(hidden_dim, p, 2)[:, :, None]     # (G, K/G, 1, N, n, n, S)
+    e = trace['weight']                                       # (G, K/G, P, N, n, S)
     # out[m] = sum_k D[m, k] E[k], written as a sum of broadcast products (a reduction
     # over the middle state axis made XLA's CPU backend crash in jaxlib 0.10)
-    decayed = sum(d_c[:, :, :, :, k, None] * e[:, :, :, None, k] for k in range(d_c.shape[4]))
+    decayed = sum(d_c[:, :, :, :, :, k] * e[:, :, :, :, None, k] for k in range(d_c.shape[5]))
     out = {'weight': decayed}
     if 'bias' in trace:
         out['bias'] = apply_state_jacobian(hidden_dim, trace['bias'])
@@ -231,8 +231,8 @@ def _xdf_to_trace(x, hidden_dim, weights, **p):
     patches = _patches(x, weights['weight'].shape, p)         # (G, N, P, *S)
     if p.get('pool') is not None:
         patches = _pooled_patches(patches, p)
-    patches = patches.reshape(*patches.shape[:3], -1)         # (G, N, P, S)
-    out = {'weight': df_c[:, :, :, :, None] * patches[:, None, :, None].astype(df_c.dtype)}
+    patches = patches.reshape(*patches.shape[:3], -1).swapaxes(1, 2)   # (G, P, N, S)
+    out = {'weight': df_c[:, :, None] * patches[:, None, :, :, None].astype(df_c.dtype)}
     if p['has_bias']:
         if p.get('pool') is None:
             out['bias'] = hidden_dim
@@ -245,7 +245,7 @@ def _xdf_to_trace(x, hidden_dim, weights, **p):
 def _trace_to_dw(trace, hidden_dim, weights, **p):
     """``dK[u,c,k] = sum_{b,s,n} g[b,s,k,n] E[b,s,k,u,c,n]``; bias likewise."""
     g_c = _out_to_canonical(hidden_dim, p, 1)                 # (G, K/G, N, n, S)
-    dk = jnp.sum(trace['weight'] * g_c[:, :, :, :, None], axis=(2, 3, 5))
+    dk = jnp.sum(trace['weight'] * g_c[:, :, None], axis=(3, 4, 5))     # (G, K/G, P)
     out = {'weight': _kernel_from_canonical(dk, weights['weight'].shape, p)}
     if p['has_bias']:
         axes = _spatial_axes_of_out(p, hidden_dim.ndim - 1) + (hidden_dim.ndim - 1,)

@@ -523,7 +523,7 @@ def rule_case(name):
 # N output batch, G group, K channel within the group, S output spatial positions
 # (one axis each), P kernel tap (``(I, *kernel spatial)`` flattened, channel-major),
 # n state variable. Keep in step with the layout documented in conv.py.
-TRACE_LAYOUT = 'GKNnPS'
+TRACE_LAYOUT = 'GKPNnS'
 
 
 def _in_layout(parts):

@@ -32,7 +32,7 @@ def float64():
 # Axis order of the kernel trace, as for conv (N batch, G group, K output channel within
 # the group, S flattened positions -- one for dense, P tap = input feature, n state);
 # a dense layer has a single group. Keep in step with conv.py.
-TRACE_LAYOUT = 'GKNnPS'
+TRACE_LAYOUT = 'GKPNnS'
 
 
 def _in_layout(parts):
