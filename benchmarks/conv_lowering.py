@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import write_results  # noqa: E402
+from results_file import default_path, write_results  # noqa: E402
 
 # name: (batch, in channels, out channels, image size, kernel size, stride, steps timed)
 SHAPES = {
@@ -117,8 +117,7 @@ def main(argv=None) -> int:
     parser.add_argument('--shapes', nargs='+', default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument('--layouts', nargs='+', default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                      'conv_lowering.json'))
+    parser.add_argument('--out', default=default_path('conv_lowering'))
     args = parser.parse_args(argv)
     import jax
     rows = []

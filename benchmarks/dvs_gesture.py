@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import write_results  # noqa: E402
+from results_file import default_path, write_results  # noqa: E402
 
 ALGORITHMS = ('bptt', 'es-d-rtrl', 'd-rtrl')
 BATCH, IN_SHAPE, NUM_CLASSES, TAU = 16, (2, 64, 64), 11, 20.0
@@ -167,8 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument('--repeats', type=int, default=3, help='timed sequences per run')
     parser.add_argument('--quick', action='store_true', help='one timed sequence per run')
     parser.add_argument('--budget-gib', type=float, default=24.0)
-    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                      'dvs_gesture.json'))
+    parser.add_argument('--out', default=default_path('dvs_gesture'))
     parser.add_argument('--worker', nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

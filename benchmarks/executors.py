@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import write_results  # noqa: E402
+from results_file import default_path, write_results  # noqa: E402
 
 ALGORITHMS = ('bptt', 'es-d-rtrl', 'd-rtrl')
 
@@ -77,8 +77,7 @@ def main(argv=None) -> int:
     parser.add_argument('--styles', nargs='+', default=['ours', 'reset-after-spike'],
                         choices=['ours', 'reset-after-spike'])
     parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                      'executors.json'))
+    parser.add_argument('--out', default=default_path('executors'))
     args = parser.parse_args(argv)
     rows = []
     for style in args.styles:

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import write_results  # noqa: E402
+from results_file import default_path, write_results  # noqa: E402
 
 
 def _bfloat16_model(style):
@@ -95,8 +95,7 @@ def main(argv=None) -> int:
     parser.add_argument('--styles', nargs='+', default=['ours', 'reset-after-spike'],
                         choices=['ours', 'reset-after-spike'])
     parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                      'mixed_precision.json'))
+    parser.add_argument('--out', default=default_path('mixed_precision'))
     args = parser.parse_args(argv)
     rows = [row for style in args.styles for row in measure(style, args.T, args.repeats)]
     print('| style | algorithm | T | cosine to float32 | largest relative error | '

@@ -55,7 +55,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import write_results  # noqa: E402
+from results_file import default_path, write_results  # noqa: E402
 
 TORCH_THREADS = 2
 CHECK_STEPS = 20            # forward logits compared over the first steps
@@ -179,8 +179,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--lengths', type=int, nargs='+', default=[100, 400])
     parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                      'peers.json'))
+    parser.add_argument('--out', default=default_path('peers'))
     args = parser.parse_args(argv)
     if min(args.lengths) < 1 or args.repeats < 1:
         parser.error('--lengths and --repeats must be positive integers')

@@ -7,6 +7,11 @@ import platform
 import sys
 
 
+def default_path(name: str) -> str:
+    """``benchmarks/results/<name>.json``, where every benchmark writes by default (not tracked)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', f'{name}.json')
+
+
 def write_results(path: str, **content) -> None:
     """Write ``{'machine': {...}, **content}`` to ``path`` as JSON (creating its folder)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
