@@ -63,6 +63,16 @@ def test_surrogate_forward_and_gradient(factory, formula, alpha):
     np.testing.assert_allclose(jac, np.diag(np.diag(jac)))
 
 
+def test_sigmoid_surrogate_keeps_relative_accuracy_far_from_threshold():
+    # tiny but non-zero far from threshold, on both sides (no cancellation in 1 - S(z))
+    x = np.array([-20.0, -5.0, 5.0, 20.0], np.float32)
+    grad = jax.vmap(jax.grad(surrogate.sigmoid(4.0)))(x)
+    z = 4.0 * x.astype(np.float64)
+    reference = 4.0 / (1 + np.exp(-z)) / (1 + np.exp(z))
+    assert np.all(np.asarray(grad) > 0)
+    np.testing.assert_allclose(grad, reference, rtol=1e-5)
+
+
 def test_surrogate_defaults_peaks_and_validation():
     assert surrogate.sigmoid() == surrogate.Sigmoid(4.0)
     assert hash(surrogate.arctan(3.0)) == hash(surrogate.Arctan(3.0))
