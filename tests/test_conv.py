@@ -519,63 +519,66 @@ def rule_case(name):
     return cfg, x, k, b, params, weights, jac_k, jac_b
 
 
-# Axis order of the position-resolved kernel trace, one letter per axis group:
-# N output batch, G group, K channel within the group, S output spatial positions
-# (one axis each), P kernel tap (``(I, *kernel spatial)`` flattened, channel-major),
-# n state variable. Keep in step with the layout documented in conv.py.
-TRACE_LAYOUT = 'GKPNnS'
+# Layout of the position-resolved kernel trace (conv.py, ``_trace_form``): per output
+# element and state variable ``m``, one entry per kernel entry ``p`` (``(I, *kernel
+# spatial)`` flattened, channel-major). Channels-last outputs: the output's axes, then
+# ``(n, P)``; otherwise ``(K, n, P, *axes before the channel, positions flattened)``.
+def _channels_last(cfg: Cfg) -> bool:
+    return cfg.dn.out_spec[1] == len(cfg.y_shape) - 1
 
 
-def _in_layout(parts):
-    return tuple(itertools.chain.from_iterable(parts[axis] for axis in TRACE_LAYOUT))
+def trace_shape(cfg: Cfg, n, taps=None):
+    """Shape of the kernel trace (of the bias trace, one kernel entry: ``taps=1``)."""
+    taps = cfg.in_ch // cfg.feature_group_count * math.prod(cfg.ksize) if taps is None else taps
+    y, c = cfg.y_shape, cfg.dn.out_spec[1]
+    if _channels_last(cfg):
+        return (*y, n, taps)
+    return (y[c], n, taps, *y[:c], math.prod(y[c + 1:]))
 
 
-def trace_shape(cfg: Cfg, n):
-    g = cfg.groups
-    taps = cfg.in_ch // cfg.feature_group_count * math.prod(cfg.ksize)
-    return _in_layout({'N': (cfg.batch // cfg.batch_group_count,), 'G': (g,),
-                       'K': (cfg.out_ch // g,), 'S': (math.prod(cfg.out_size),), 'P': (taps,),
-                       'n': (n,)})
+def trace_index(cfg: Cfg, y_index, p, m):
+    """Index of the trace entry of output element ``y_index`` (user layout), kernel entry
+    ``p`` and state ``m``; ``p`` and ``m`` may be slices."""
+    y, c = cfg.y_shape, cfg.dn.out_spec[1]
+    if _channels_last(cfg):
+        return (*y_index, m, p)
+    flat = int(np.ravel_multi_index(y_index[c + 1:], y[c + 1:]))
+    return (y_index[c], m, p, *y_index[:c], flat)
 
 
-def trace_index(b, g, kk, s, p, m):
-    """Index of trace entry (batch b, group g, channel kk of the group, flat position s,
-    tap p, state m); ``p`` and ``m`` may be slices."""
-    return _in_layout({'N': (b,), 'G': (g,), 'K': (kk,), 'S': (s,), 'P': (p,), 'n': (m,)})
-
-
-def position_block(trace, b, g, kk, s):
+def position_block(trace, cfg: Cfg, y_index):
     """The ``(P, n)`` trace entries of one output element."""
-    block = trace[trace_index(b, g, kk, s, slice(None), slice(None))]
-    return block if TRACE_LAYOUT.index('P') < TRACE_LAYOUT.index('n') else block.T
+    return trace[trace_index(cfg, y_index, slice(None), slice(None))].T
+
+
+def bias_trace_in_y_layout(trace, cfg: Cfg, n):
+    """A bias trace (the trace of one kernel entry) as ``(*y.shape, n)``."""
+    trace, out = np.asarray(trace), np.zeros(cfg.y_shape + (n,))
+    for y_index in y_entries(cfg):
+        out[y_index] = trace[trace_index(cfg, y_index, 0, slice(None))]
+    return out
 
 
 def canonical_entries(cfg: Cfg):
-    """Yield ``((b, g, k', s, p), y_index, kernel_index)`` for every kernel-trace entry.
+    """Yield ``(p, y_index, kernel_index)`` for every kernel-trace entry of state 0.
 
     ``y_index`` and ``kernel_index`` are the matching indices in the user's output and
     kernel layouts: output channel ``k = g * (K/G) + k'``, kernel ``(k, c, *tap)`` with
     ``(c, *tap)`` the channel-major unravelling of ``p``.
     """
     dn = cfg.dn
-    per_group = cfg.out_ch // cfg.groups
     tap_shape = (cfg.in_ch // cfg.feature_group_count, *cfg.ksize)
-    for b, g, kk, *rest in np.ndindex(cfg.batch // cfg.batch_group_count, cfg.groups,
-                                      per_group, *cfg.out_size, math.prod(tap_shape)):
+    for b, k, *rest in np.ndindex(cfg.batch // cfg.batch_group_count, cfg.out_ch,
+                                  *cfg.out_size, math.prod(tap_shape)):
         s, p = tuple(rest[:-1]), rest[-1]
-        k = g * per_group + kk
         c, *tap = np.unravel_index(p, tap_shape)
-        flat = int(np.ravel_multi_index(s, cfg.out_size)) if s else 0
-        yield (b, g, kk, flat, p), place(dn.out_spec, (b, k, *s)), place(dn.rhs_spec, (k, c, *tap))
+        yield p, place(dn.out_spec, (b, k, *s)), place(dn.rhs_spec, (k, c, *tap))
 
 
 def y_entries(cfg: Cfg):
-    """Yield ``((b, g, k', s), y_index)`` for every output element."""
-    dn = cfg.dn
-    per_group = cfg.out_ch // cfg.groups
+    """Yield the index of every output element in the user's layout."""
     for b, k, *s in np.ndindex(cfg.batch // cfg.batch_group_count, cfg.out_ch, *cfg.out_size):
-        flat = int(np.ravel_multi_index(s, cfg.out_size)) if s else 0
-        yield (b, k // per_group, k % per_group, flat), place(dn.out_spec, (b, k, *s))
+        yield place(cfg.dn.out_spec, (b, k, *s))
 
 
 @functools.lru_cache(maxsize=None)
@@ -601,13 +604,14 @@ def test_xdf_to_trace_is_the_jacobian(name):
             # Scatter the trace back into a (y, kernel) Jacobian; every entry that no
             # trace entry maps to (a cross-channel term) must be zero in the real one.
             rebuilt = np.zeros_like(jac_k)
-            for (bb, g, kk, pos, p), y_index, k_index in canonical_entries(cfg):
+            for p, y_index, k_index in canonical_entries(cfg):
                 assert rebuilt[y_index + k_index] == 0
-                rebuilt[y_index + k_index] = trace_k[trace_index(bb, g, kk, pos, p, m)]
+                rebuilt[y_index + k_index] = trace_k[trace_index(cfg, y_index, p, m)]
             scaled = jac_k * df_np[..., m].reshape(y_shape + (1,) * k.ndim)
             np.testing.assert_allclose(rebuilt, scaled, **TOL)
         if b is not None:
-            np.testing.assert_array_equal(trace['bias'], df)
+            assert trace['bias'].shape == trace_shape(cfg, n, taps=1)
+            np.testing.assert_array_equal(bias_trace_in_y_layout(trace['bias'], cfg, n), df)
 
 
 @pytest.mark.parametrize('name', list(RULE_CFGS))
@@ -636,7 +640,7 @@ def test_yw_to_w_keeps_positions(name, n):
     y_shape = cfg.y_shape
     trace = {'weight': jnp.asarray(rng.standard_normal(trace_shape(cfg, n)))}
     if b is not None:
-        trace['bias'] = jnp.asarray(rng.standard_normal(y_shape + (n,)))
+        trace['bias'] = jnp.asarray(rng.standard_normal(trace_shape(cfg, n, taps=1)))
     d = jnp.asarray(rng.standard_normal(y_shape + (n, n)))
     g = jnp.asarray(rng.standard_normal(y_shape + (n,)))
     yw_to_w = jitted_rule('yw_to_w', name)
@@ -648,27 +652,29 @@ def test_yw_to_w_keeps_positions(name, n):
     assert_tree_close(trace_to_dw(out, g, weights),
                       trace_to_dw(trace, jnp.einsum('...m,...mk->...k', g, d), weights))
     if b is not None:
-        np.testing.assert_allclose(out['bias'],
-                                   jnp.einsum('...mk,...k->...m', d, trace['bias']), **TOL)
+        np.testing.assert_allclose(
+            bias_trace_in_y_layout(out['bias'], cfg, n),
+            jnp.einsum('...mk,...k->...m', d, bias_trace_in_y_layout(trace['bias'], cfg, n)), **TOL)
 
     # A D that is non-zero at one output element only touches that element's entries.
     entries = list(y_entries(cfg))
     for pick in rng.choice(len(entries), size=min(3, len(entries)), replace=False):
-        element, y_index = entries[pick]
+        y_index = entries[pick]
         block = rng.standard_normal((n, n))
         d_one = np.zeros(y_shape + (n, n))
         d_one[y_index] = block
         out = yw_to_w(jnp.asarray(d_one), trace)
         weight = np.array(out['weight'])
-        before = position_block(np.asarray(trace['weight']), *element)       # (P, n)
-        np.testing.assert_allclose(position_block(weight, *element), before @ block.T, **TOL)
-        weight[trace_index(*element, slice(None), slice(None))] = 0
+        before = position_block(np.asarray(trace['weight']), cfg, y_index)   # (P, n)
+        np.testing.assert_allclose(position_block(weight, cfg, y_index), before @ block.T, **TOL)
+        weight[trace_index(cfg, y_index, slice(None), slice(None))] = 0
         assert not weight.any()
         if b is not None:
             bias = np.array(out['bias'])
-            np.testing.assert_allclose(bias[y_index], block @ np.asarray(trace['bias'])[y_index],
+            before = position_block(np.asarray(trace['bias']), cfg, y_index)      # (1, n)
+            np.testing.assert_allclose(position_block(bias, cfg, y_index), before @ block.T,
                                        **TOL)
-            bias[y_index] = 0
+            bias[trace_index(cfg, y_index, slice(None), slice(None))] = 0
             assert not bias.any()
 
 
@@ -699,7 +705,7 @@ def test_init_rules_allocate_zeros(name, dtype, n):
     assert set(drtrl) == set(weights)
     assert drtrl['weight'].shape == trace_shape(cfg, n)
     if b is not None:
-        assert drtrl['bias'].shape == cfg.y_shape + (n,)
+        assert drtrl['bias'].shape == trace_shape(cfg, n, taps=1)
     pp = RULES['init_pp'](x_aval, y_aval, weight_avals, n, **params)
     assert pp.shape == cfg.y_shape + (n,)
     for arr in [*drtrl.values(), pp]:
@@ -728,7 +734,8 @@ def test_trace_patches_are_exact_copies_of_x():
     ref = lax.conv_general_dilated_patches(
         x_c, window, params['strides'], params['padding'], lhs_dilation=params['lhs_dilation'],
         rhs_dilation=params['rhs_dilation'], precision=lax.Precision.HIGHEST)
-    np.testing.assert_array_equal(_window_copies(x_c, window, params), ref)
+    ours = _window_copies(x, window, params)                  # in x's own layout
+    np.testing.assert_array_equal(jnp.transpose(ours, dn.lhs_spec), ref)
 
 
 def test_rule_table_is_complete():

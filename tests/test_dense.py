@@ -29,29 +29,21 @@ def float64():
         yield
 
 
-# Axis order of the kernel trace, as for conv (N batch, G group, K output channel within
-# the group, S flattened positions -- one for dense, P tap = input feature, n state);
-# a dense layer has a single group. Keep in step with conv.py.
-TRACE_LAYOUT = 'GKPNnS'
-
-
-def _in_layout(parts):
-    return tuple(itertools.chain.from_iterable(parts[axis] for axis in TRACE_LAYOUT))
-
-
-def trace_shape(n):
-    return _in_layout({'N': (B,), 'G': (1,), 'K': (OUT,), 'S': (1,), 'P': (IN,), 'n': (n,)})
+# The kernel trace, as for conv with a channels-last output: ``(B, OUT, n, IN)``, per
+# output element and state one entry per input feature; the bias trace is that of one
+# more input feature, always 1: ``(B, OUT, n, 1)``. Keep in step with conv.py.
+def trace_shape(n, entries=IN):
+    return (B, OUT, n, entries)
 
 
 def trace_index(b, o, i, m):
     """Index of the trace entry of output (b, o), input feature i, state m (slices allowed)."""
-    return _in_layout({'N': (b,), 'G': (0,), 'K': (o,), 'S': (0,), 'P': (i,), 'n': (m,)})
+    return (b, o, m, i)
 
 
 def position_block(trace, b, o):
     """The ``(IN, n)`` trace entries of output element ``(b, o)``."""
-    block = trace[trace_index(b, o, slice(None), slice(None))]
-    return block if TRACE_LAYOUT.index('P') < TRACE_LAYOUT.index('n') else block.T
+    return trace[trace_index(b, o, slice(None), slice(None))].T
 
 
 def arrays(seed=0, bias=True, dtype=jnp.float64):
@@ -145,8 +137,8 @@ def test_dense_is_a_one_by_one_conv():
     via_conv = etp_conv_p.rule('xdf_to_trace')(x[:, None], df[:, None], {'weight': w[None],
                                                                           'bias': b},
                                                **conv_params)
-    # positions are flattened into one trace axis: one position either way
-    np.testing.assert_allclose(ours['weight'], via_conv['weight'], **TOL)
+    # channels last, the trace keeps the output's axes: drop the one position
+    np.testing.assert_allclose(ours['weight'], via_conv['weight'][:, 0], **TOL)
     np.testing.assert_allclose(ours['bias'], via_conv['bias'][:, 0], **TOL)
 
 
@@ -179,7 +171,7 @@ def test_xdf_to_trace_is_the_jacobian(bias):
             np.testing.assert_allclose(rebuilt, jac_w * np.asarray(df)[:, :, m, None, None],
                                        **TOL)
         if bias:
-            np.testing.assert_array_equal(trace['bias'], df)
+            np.testing.assert_array_equal(trace['bias'], np.asarray(df)[..., None])
 
 
 @pytest.mark.parametrize('bias', [True, False])
@@ -205,7 +197,7 @@ def test_yw_to_w_keeps_positions(bias, n):
     rng = np.random.default_rng(17 + n)
     trace = {'weight': jnp.asarray(rng.standard_normal(trace_shape(n)))}
     if bias:
-        trace['bias'] = jnp.asarray(rng.standard_normal((B, OUT, n)))
+        trace['bias'] = jnp.asarray(rng.standard_normal(trace_shape(n, 1)))
     d = jnp.asarray(rng.standard_normal((B, OUT, n, n)))
     g = jnp.asarray(rng.standard_normal((B, OUT, n)))
     out = RULES['yw_to_w'](d, trace, **params)
@@ -227,7 +219,7 @@ def test_yw_to_w_keeps_positions(bias, n):
         if bias:
             bias_out = np.array(out['bias'])
             np.testing.assert_allclose(bias_out[bb, o], block @ np.asarray(trace['bias'])[bb, o],
-                                       **TOL)
+                                       **TOL)   # (n, 1) entries of one output element
             bias_out[bb, o] = 0
             assert not bias_out.any()
 
@@ -253,7 +245,7 @@ def test_init_rules_allocate_zeros(bias, dtype, n):
     assert set(drtrl) == set(weights)
     assert drtrl['weight'].shape == trace_shape(n)
     if bias:
-        assert drtrl['bias'].shape == (B, OUT, n)
+        assert drtrl['bias'].shape == trace_shape(n, 1)
     pp = RULES['init_pp'](x_aval, y_aval, weight_avals, n, **params)
     assert pp.shape == (B, OUT, n)
     for arr in [*drtrl.values(), pp]:
