@@ -216,6 +216,7 @@ def _spatial_axes_of_out(p, y_ndim):
 
 
 def _channel_is_minor(p, y_ndim) -> bool:
+    """Whether the output is channels last (its channel axis the minor one)."""
     return p['dimension_numbers'].out_spec[1] == y_ndim - 1
 
 
@@ -348,6 +349,7 @@ def _unpool(cotangent, x, kernel, p):
 
 
 def _init_drtrl(x_aval, y_aval, weight_avals, n_state, **p):
+    # the trace form of y with unit state and kernel-entry axes, which are then sized
     shape = jax.eval_shape(lambda y: _trace_form(y, p, 0, extra=2),
                            jax.ShapeDtypeStruct(y_aval.shape, y_aval.dtype)).shape
     kc = _trace_channel(p, len(y_aval.shape))
