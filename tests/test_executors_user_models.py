@@ -432,6 +432,40 @@ def test_linear_pooling_between_op_and_neuron_is_exact_in_drtrl(pool):
     assert methods(learner)['K'].startswith('exact trace (D-RTRL)')
 
 
+class GroupedPoolChannelsFirst(brainstate.nn.Module):
+    """Channels-first grouped conv (2 groups, 2 channels each) -> average pooling ->
+    reset-after-spike LIF: the trace layout whose positions are minor, with pooled patches
+    repeated over the channels of each group."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(4, 1, 3, 3)) * 0.8))
+        self.b = brainstate.ParamState(jnp.full(4, 0.1))
+        self.pool = nn.AvgPool2d(2, stride=2, layout='channels_first')
+        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(4 * 3 * 3, 3)) * 0.3))
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 4, 3, 3)))
+
+    def update(self, x):
+        y = self.pool(bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
+                              feature_group_count=2, dimension_numbers=('NCHW', 'OIHW', 'NCHW')))
+        v = 0.9 * self.h.value + y
+        s = spike(v - 1.0)
+        self.h.value = v - s
+        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
+
+
+def test_linear_pooling_after_a_grouped_channels_first_conv_is_exact_in_drtrl():
+    model = GroupedPoolChannelsFirst()
+    xs, labels = spikes_and_labels((3, 2, 6, 6), T=8, p=0.6)
+    learner = bc.D_RTRL(model)
+    errors = compare(model, learner, xs, labels)
+    assert max(errors.values()) < EXACT, errors
+    assert methods(learner)['K'].startswith('exact trace (D-RTRL)')
+
+
 @pytest.mark.parametrize('pool', ['brainstate-avg', 'sum-same'])
 def test_linear_pooling_between_op_and_neuron_in_es_drtrl(pool):
     model = PoolBetween(pool)
