@@ -18,8 +18,10 @@ of an ``OI...`` kernel). The bias trace is the trace of one more kernel entry wh
 input is always 1; both are summed over positions only on contraction. Their layout
 follows the output's (:func:`_trace_form`)::
 
-    output (..., K), channels last:      kernel trace (..., K, n, P)       bias (..., K, n, 1)
-    output (*before, K, *after):         kernel trace (K, n, P, *before, S)  bias (K, n, 1, *before, S)
+    output (..., K), channels last:   kernel trace (..., K, n, P)
+                                      bias trace   (..., K, n, 1)
+    output (*before, K, *after):      kernel trace (K, n, P, *before, S)
+                                      bias trace   (K, n, 1, *before, S)
 
 with ``S`` the axes after the channel flattened. The per-element factors ``D``, ``Df``
 and ``g`` arrive in the output's layout, so the fused per-step update reads every
@@ -200,7 +202,8 @@ def _patches(x, kernel_shape, y_shape, p):
 
 def _taps(kernel_shape, p) -> int:
     """``P``: kernel entries per output channel (input channels of a group x taps)."""
-    return kernel_shape[p['dimension_numbers'].rhs_spec[1]] * math.prod(_kernel_spatial(kernel_shape, p))
+    in_channels = kernel_shape[p['dimension_numbers'].rhs_spec[1]]
+    return in_channels * math.prod(_kernel_spatial(kernel_shape, p))
 
 
 def _kernel_from_taps(dk, kernel_shape, p):

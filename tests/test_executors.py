@@ -161,6 +161,35 @@ def test_drtrl_equals_bptt_with_transpose_between_conv_and_neuron():
     assert learner._last[1].ops[0].h_to_y is not None
 
 
+class InputGated(ConvTanh):
+    """The leak depends on the step's input: ``h = 0.7 tanh(h) sigmoid(y) + y``."""
+
+    def update(self, x):
+        y = bc.conv(x, self.K.value, self.b.value, **self.kw)
+        h = 0.7 * jnp.tanh(self.h.value) * jax.nn.sigmoid(y) + y
+        self.h.value = h
+        return bc.dense(jnp.tanh(h.mean(axis=2)), self.W.value)
+
+
+@pytest.mark.parametrize('model_class, early', [(ConvTanh, True), (InputGated, False)])
+def test_state_jacobian_is_evaluated_a_step_early_only_when_it_reads_only_the_state(
+        model_class, early):
+    # dz/dh_prev of ConvTanh depends on h alone, so each step evaluates the next step's;
+    # InputGated's also reads the input, so it stays in its own step. Exact either way.
+    from braintrace_conv.executors.signals import jacobian_reads_only_state
+    x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
+    model = model_class(x_shape, k_shape, kw, ch)
+    xs, targets = _conv_data(x_shape)
+    learner = bc.D_RTRL(model)
+    assert_matches_bptt(model, learner, xs, targets, sq_loss)
+    assert jacobian_reads_only_state(learner._last[1]) is early
+    # a constant leak depends on neither and stays in its step too (XLA folds it)
+    leaky = LinearLeaky(0.8)
+    learner = bc.D_RTRL(leaky)
+    learner.value_and_grad(sin_loss, jnp.ones((2, 2, 8, 8, 2)), jnp.ones((2, 2, 4, 4, 5)))
+    assert jacobian_reads_only_state(learner._last[1]) is False
+
+
 class Bypass(ConvTanh):
     """The conv output reaches the loss both through the neuron and around it."""
 

@@ -34,7 +34,8 @@ from ..primitive import apply_state_jacobian
 from .graph import StepGraph, analyse
 from .report import (APPROX_READOUT, EXACT_OUTPUT_PARAM, EXACT_READOUT, MIXING_PARAM, UNUSED,
                      Report)
-from .signals import StepSignals, init_release, step_signals
+from .signals import (StepSignals, init_release, jacobian_reads_only_state, state_jacobian,
+                      step_signals)
 from .trace import TracedStep, trace_step
 
 __all__ = ['Learner', 'OnlineLearner', 'Report']
@@ -84,6 +85,7 @@ class Learner(abc.ABC):
         self._graphs: dict = {}
         self._compiled: dict = {}
         self._carry = None          # (hidden leaves, algorithm state) between advance() calls
+        self._early: dict = {}      # graph id -> state Jacobian evaluated a step early
         self._last = None           # the graph (or traced step) of the last call
 
     # ------------------------------------------------------------------ public API
@@ -298,6 +300,13 @@ class OnlineLearner(Learner):
         return dict(ops=self._init_traces(graph, hidden),
                     release=init_release(graph, hidden_dtype), dyn=dyn)
 
+    def _early_jacobian(self, graph) -> bool:
+        """Whether the state Jacobian of each step is evaluated at the end of the step
+        before (:func:`~.signals.jacobian_reads_only_state`); decided once per graph."""
+        if id(graph) not in self._early:
+            self._early[id(graph)] = jacobian_reads_only_state(graph)
+        return self._early[id(graph)]
+
     def _sequence(self, graph, loss_fn, params, hidden, state, xs, targets, return_outputs):
         weights, pull_back = jax.vjp(graph.weights, params)
         direct = sorted(graph.direct_params)
@@ -308,11 +317,20 @@ class OnlineLearner(Learner):
         zeros_dyn = [jnp.zeros(graph.groups[dp.group].shape, dtype)
                      for dp in graph.dynamic_params]
 
+        early = self._early_jacobian(graph)
+        if early:   # the first step's Jacobian; each step then evaluates the next one's
+            zeros_like = lambda a: jnp.zeros(a.shape, a.dtype)
+            first_a = state_jacobian(
+                graph, hidden, params, weights, [zeros_like(a[0]) for a in jax.tree.leaves(xs)],
+                {k: zeros_like(op.y_aval) for k, op in enumerate(graph.ops)})
+        else:
+            first_a = None
+
         def body(carry, inp):
-            h, st, acc_w, acc_p, acc_dyn, loss_sum = carry
+            (h, a), st, acc_w, acc_p, acc_dyn, loss_sum = carry
             x, target = inp
             sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
-                               st['release'])
+                               st['release'], A=a, next_jacobian=early)
             ops_state, dw = self._update(graph, st['ops'], sig, weights)
             dyn, acc_dyn = self._dynamic_update(graph, st['dyn'], acc_dyn, sig, dtype)
             acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[k])
@@ -320,12 +338,12 @@ class OnlineLearner(Learner):
             acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, sig.direct_grads)]
             out = jax.tree.unflatten(graph.step.out_tree, sig.outputs) if return_outputs else None
             st = dict(ops=ops_state, release=sig.release, dyn=dyn)
-            return (sig.new_hidden, st, acc_w, acc_p, acc_dyn,
+            return ((sig.new_hidden, sig.A_next), st, acc_w, acc_p, acc_dyn,
                     loss_sum + sig.loss.astype(loss_sum.dtype)), out
 
         loss0 = jnp.zeros((), jnp.result_type(float))
-        (hidden, state, acc_w, acc_p, acc_dyn, loss), outs = lax.scan(
-            body, (hidden, state, zeros_w, zeros_p, zeros_dyn, loss0), (xs, targets))
+        ((hidden, _), state, acc_w, acc_p, acc_dyn, loss), outs = lax.scan(
+            body, ((hidden, first_a), state, zeros_w, zeros_p, zeros_dyn, loss0), (xs, targets))
         (grads,) = pull_back(jax.tree.map(lambda a, w: a.astype(w.dtype), acc_w, weights))
         grads = list(grads)
         for k, g in zip(direct, acc_p):

@@ -13,7 +13,10 @@ recomputed):
   identity), that path belongs to the transition: ``g = Q^{-T} dL/d eps``;
 * ``D^t``   — ``dz^t/dz^{t-1} = (dz^t/dh^{t-1}) R^{t-1}``, ``m x m`` per
   element, with ``R^{t-1} = dh^{t-1}/dz^{t-1}`` carried from the previous step
-  (the identity when the cut is the new state);
+  (the identity when the cut is the new state). When ``dz^t/dh^{t-1}`` reads the
+  old state but not the step's inputs (:func:`jacobian_reads_only_state`), the
+  executors evaluate it at the end of step ``t-1``, where the same state's
+  learning signal is computed, so the two share their work;
 * ``Df^t``  — ``dz^t/dy^t`` per grouped op, in the op's output layout;
 * for each :class:`~.graph.DynamicParam` ``phi``: ``G_phi^t = dz^t/dphi`` at
   fixed ``h^{t-1}`` and the input of its trace ``(dz^t/dh^{t-1}) R_phi^{t-1} +
@@ -29,8 +32,10 @@ import jax
 import jax.numpy as jnp
 
 from .graph import StepGraph
+from .jaxpr import is_literal, reached_from
 
-__all__ = ['StepSignals', 'step_signals', 'init_release']
+__all__ = ['StepSignals', 'step_signals', 'init_release', 'state_jacobian',
+           'jacobian_reads_only_state']
 
 
 @dataclasses.dataclass
@@ -47,6 +52,7 @@ class StepSignals:
     phi_inst: list      # per dynamic parameter entry: G_phi, (*group.shape, m)
     phi_in: list        # per dynamic parameter entry: trace input, (*group.shape, m)
     release: dict       # carry for the next step (see init_release)
+    A_next: list = None  # with next_jacobian: the next step's dz/dh_prev (see state_jacobian)
 
 
 def init_release(graph: StepGraph, dtype) -> dict:
@@ -93,8 +99,45 @@ def _stack_columns(columns, count):
     return jnp.stack(columns[:count], axis=-1)
 
 
+def state_jacobian(graph: StepGraph, hidden, params, weights, inputs, ys, *,
+                   hold_custom: bool = False) -> list:
+    """``A = dz/dh_prev`` per group, ``(*group.shape, m, n)``: one forward-mode pass per
+    state variable through the step with its ETP outputs ``ys`` (``{op index: y}``) in
+    place of the ops, so no convolution is recomputed."""
+    run = lambda h: graph.run(h, params, inputs, weights=weights, cut_etp=ys,
+                              hold_custom=hold_custom)[2]['cut']
+    n_max = max([grp.n for grp in graph.groups], default=0)
+    cols = [_per_group(graph, jax.jvp(run, (hidden,), (_hidden_basis(graph, hidden, c),))[1])
+            for c in range(n_max)]
+    return [_stack_columns([col[gi] for col in cols], grp.n)
+            for gi, grp in enumerate(graph.groups)]
+
+
+def jacobian_reads_only_state(graph: StepGraph) -> bool:
+    """Whether :func:`state_jacobian` depends on the old state but not on the step's inputs
+    and ETP outputs (as for a spiking neuron whose input current is added to its state).
+    Then the Jacobian a step needs can be evaluated at the end of the step before, beside
+    the learning signal of the same state, and XLA shares their work (the surrogate
+    derivative). A Jacobian that depends on neither (a leak) stays in its step, where XLA
+    folds it to a constant."""
+    step = graph.step
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
+             for v in step.closed_jaxpr.jaxpr.invars]
+    h, p, x = (avals[:step.n_hidden], avals[step.n_hidden:step.n_hidden + step.n_params],
+               avals[step.n_hidden + step.n_params:])
+    ys = {k: jax.ShapeDtypeStruct(op.y_aval.shape, op.y_aval.dtype)
+          for k, op in enumerate(graph.ops)}
+    jaxpr = jax.make_jaxpr(lambda h, p, x, ys: state_jacobian(graph, h, p, graph.weights(p),
+                                                              x, ys))(h, p, x, ys).jaxpr
+    n_h, first_x = len(h), len(h) + len(p)
+    reaches = lambda sources: any(not is_literal(v) and v in reached_from(jaxpr, sources)
+                                  for v in jaxpr.outvars)
+    return reaches(set(jaxpr.invars[:n_h])) and not reaches(set(jaxpr.invars[first_x:]))
+
+
 def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss_fn,
-                 release, *, hold_custom: bool = False) -> StepSignals:
+                 release, *, hold_custom: bool = False, A=None,
+                 next_jacobian: bool = False) -> StepSignals:
     """Evaluate one step and all learning signals (see module docstring).
 
     Args:
@@ -106,6 +149,9 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
       release: the previous step's ``StepSignals.release`` (or :func:`init_release`).
       hold_custom: hold functions with custom derivatives (surrogate spikes)
         constant in the Jacobians, which then describe the leak only.
+      A: this step's :func:`state_jacobian`, if already evaluated (see
+        :func:`jacobian_reads_only_state`); computed here otherwise.
+      next_jacobian: also evaluate the next step's, at the new state (``A_next``).
     """
     ops, groups = graph.ops, graph.groups
     readouts = [k for k, op in enumerate(ops) if op.group is None]
@@ -149,14 +195,12 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
 
     deltas_g = [jnp.zeros(ops[k].y_aval.shape, ops[k].y_aval.dtype) for k in grouped]
     phis0 = [params[leaf] for leaf in dyn_leaves]
-    n_max = max([grp.n for grp in groups], default=0)
     m_max = max([grp.m for grp in groups], default=0)
 
-    # A = dz/dh_prev: one forward-mode pass per state variable
-    a_cols = [_per_group(graph, jax.jvp(lambda h: cut_run(h, deltas_g, phis0)[1], (hidden,),
-                                        (_hidden_basis(graph, hidden, c),))[1])
-              for c in range(n_max)]
-    A = [_stack_columns([col[gi] for col in a_cols], grp.n) for gi, grp in enumerate(groups)]
+    if A is None:
+        A = state_jacobian(graph, hidden, params, weights, inputs, ys, hold_custom=hold_custom)
+    A_next = (state_jacobian(graph, new_h, params, weights, inputs, ys, hold_custom=hold_custom)
+              if next_jacobian else None)
 
     # Df = dz/dy: one reverse-mode pass per cut variable, in each op's own layout
     Df = {}
@@ -215,4 +259,4 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
             inst = inst + jnp.einsum('...mn,...n->...m', A[dp.group], release['Rphi'][j])
         phi_in.append(inst)
     return StepSignals(loss, new_h, out, rec['xs'], g, dict(zip(readouts, gammas)),
-                       list(direct_grads), D, Df, phi_inst, phi_in, new_release)
+                       list(direct_grads), D, Df, phi_inst, phi_in, new_release, A_next)
