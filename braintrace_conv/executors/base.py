@@ -85,7 +85,6 @@ class Learner(abc.ABC):
         self._graphs: dict = {}
         self._compiled: dict = {}
         self._carry = None          # (hidden leaves, algorithm state) between advance() calls
-        self._early: dict = {}      # graph id -> state Jacobian evaluated a step early
         self._last = None           # the graph (or traced step) of the last call
 
     # ------------------------------------------------------------------ public API
@@ -273,6 +272,7 @@ class OnlineLearner(Learner):
                                  f'{trace_dtype!r}.')
             trace_dtype = dtype
         self.trace_dtype = trace_dtype
+        self._early: dict = {}      # graph id -> state Jacobian evaluated a step early
 
     def _prepare(self, step):
         graph = analyse(step)
