@@ -6,7 +6,6 @@ against ``jax.jacobian`` / ``jax.vjp``; units; input validation.
 from __future__ import annotations
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
