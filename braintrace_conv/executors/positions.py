@@ -10,9 +10,12 @@ source (a reduction, a matmul, a convolution) *mixes* and stops the tracking.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
+import jax
 import numpy as np
+from jax import lax
 
 from ..primitive import ETPPrimitive
 from .jaxpr import is_literal, sub_jaxpr
@@ -32,7 +35,12 @@ _ELEMENTWISE = {
 
 
 def register_elementwise(name: str) -> None:
-    """Declare primitive ``name`` elementwise, so it may sit between an op and its neuron."""
+    """Declare primitive ``name`` elementwise, so it may sit between an op and its neuron.
+
+    Needed only for a primitive whose elementwise action cannot be read from its own
+    definition (see :func:`acts_elementwise`), e.g. one implemented by a foreign
+    lowering. Declaring a primitive that combines positions makes gradients wrong.
+    """
     _ELEMENTWISE.add(name)
 
 
@@ -63,7 +71,7 @@ def positions_through(eqn, index_in: dict, *, broadcast: bool = False):
     out_avals = [v.aval for v in eqn.outvars]
     if any(v is MIXED for v in index_in.values()):
         raise Mixing(name)
-    if name in _ELEMENTWISE:
+    if name in _ELEMENTWISE or acts_elementwise(eqn):
         shape = out_avals[0].shape
         result = None
         for idx in index_in.values():
@@ -94,7 +102,106 @@ def positions_through(eqn, index_in: dict, *, broadcast: bool = False):
         expanded = np.reshape(idx, [shape[d] if d in eqn.params['broadcast_dimensions'] else 1
                                     for d in range(len(shape))])
         return [np.broadcast_to(expanded, shape)]
+    if getattr(lax, f'{name}_p', None) is not eqn.primitive:   # not one of lax's own
+        raise Mixing(f'{name}, which is not known to act element by element; if it does, '
+                     f'declare it with braintrace_conv.register_elementwise({name!r})')
     raise Mixing(name)
+
+
+# Primitives whose definition is being read (name -> 'impl' or 'jvp'), see acts_elementwise.
+_READING: dict[str, str] = {}
+_VERDICTS: dict = {}
+
+
+def acts_elementwise(eqn) -> bool:
+    """Whether an undeclared primitive acts element by element, read from its definition.
+
+    Brain-ecosystem packages bring their own primitives into neuron code (braintools'
+    ``heaviside_surrogate_gradient``, saiunit's ``exprel``). Such a primitive counts as
+    elementwise when, at this equation's parameters and shapes, (1) every operand has
+    the output's shape or is a scalar, (2) its implementation (``primitive.impl``,
+    traced) carries each output element from the same element of every operand, and
+    (3) so does its JVP rule, for values and tangents alike -- the executors
+    differentiate through it in forward mode and BPTT through the transpose of that
+    rule. Both are checked with :func:`propagate` on the traced jaxprs, so the verdict
+    is a dependency analysis, not a sample. An implementation that re-binds the
+    primitive itself (a lowering-only primitive) shows nothing and is not elementwise;
+    inside the JVP rule the primitive may re-bind itself, then read through its
+    implementation. Verdicts are cached per primitive, parameters and shapes.
+    """
+    prim, name = eqn.primitive, eqn.primitive.name
+    if _READING.get(name) == 'impl':
+        return False
+    try:
+        key = (prim, tuple(sorted(eqn.params.items())),
+               tuple((v.aval.shape, v.aval.dtype) for v in eqn.invars))
+        hash(key)
+    except TypeError:       # parameters holding jaxprs or other unhashable values
+        return False
+    if _READING.get(name) == 'jvp':
+        return _VERDICTS.get(key) or _reads_elementwise(eqn, 'impl')
+    if key not in _VERDICTS:
+        _VERDICTS[key] = _reads_elementwise(eqn, 'impl') and _reads_elementwise(eqn, 'jvp')
+    return _VERDICTS[key]
+
+
+def _reads_elementwise(eqn, part: str) -> bool:
+    out_shapes = {tuple(v.aval.shape) for v in eqn.outvars}
+    in_avals = [v.aval for v in eqn.invars]
+    if len(out_shapes) != 1 or any(a.shape not in out_shapes and a.ndim for a in in_avals):
+        return False
+    shape, = out_shapes
+    prim, params = eqn.primitive, eqn.params
+    floats = [i for i, a in enumerate(in_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)]
+
+    def impl(*args):
+        out = prim.impl(*args, **params)
+        return list(out) if prim.multiple_results else [out]
+
+    def jvp(*args):
+        primals, tangents = args[:len(in_avals)], args[len(in_avals):]
+
+        def f(*fl):
+            full = list(primals)
+            for i, v in zip(floats, fl):
+                full[i] = v
+            out = prim.bind(*full, **params)
+            return list(out) if prim.multiple_results else [out]
+
+        outs, touts = jax.jvp(f, [primals[i] for i in floats], list(tangents))
+        return [*outs, *touts]
+
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
+    if part == 'jvp':
+        if not floats:
+            return True
+        specs += [specs[i] for i in floats]
+    with _reading(prim.name, part):
+        try:
+            closed = jax.make_jaxpr(impl if part == 'impl' else jvp)(*specs)
+        except Exception:     # no impl or JVP rule to read: nothing is shown
+            return False
+        jaxpr = closed.jaxpr
+        ident = np.arange(int(np.prod(shape, dtype=int))).reshape(shape)
+        sources = {v: ident for v in jaxpr.invars if tuple(v.aval.shape) == shape}
+        reach = propagate(jaxpr, sources, {}, set())
+    if reach.mixing is not None:
+        return False
+    return all(v not in reach.index or np.array_equal(reach.index[v], ident)
+               for v in jaxpr.outvars if not is_literal(v))
+
+
+@contextlib.contextmanager
+def _reading(name: str, part: str):
+    before = _READING.get(name)
+    _READING[name] = part
+    try:
+        yield
+    finally:
+        if before is None:
+            del _READING[name]
+        else:
+            _READING[name] = before
 
 
 @dataclasses.dataclass
