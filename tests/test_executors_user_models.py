@@ -381,22 +381,25 @@ class MaxPoolBetween(OneLayer):
         return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
 
 
-@pytest.mark.parametrize('make', [bc.D_RTRL, bc.ES_D_RTRL])
-def test_max_pooling_between_op_and_neuron_is_rejected_naming_it(make):
+@pytest.mark.parametrize('make, name', [(bc.D_RTRL, 'D-RTRL'), (bc.ES_D_RTRL, 'ES-D-RTRL')])
+def test_max_pooling_between_op_and_neuron_is_rejected_naming_it(make, name):
     model = MaxPoolBetween('subtract')
     xs, labels = spikes_and_labels((3, 6, 6, 2), T=2)
-    with pytest.raises(ValueError, match=r'reduce_window_max.*etp_conv #0 \(K, b\)'):
+    with pytest.raises(ValueError, match=rf'^{name} cannot train this model: .*reduce_window_max'
+                                         rf'.*etp_conv #0 \(K, b\)'):
         make(model).value_and_grad(xent, xs, labels)
 
 
 # ----------------------------------------------------------------------------- pooling
 class PoolBetween(OneLayer):
     """conv -> linear pooling -> reset-after-spike LIF: average (brainstate.nn or ours), or a
-    padded sum pooling written with lax.reduce_window."""
+    padded sum pooling written with lax.reduce_window. With ``bias_before_pool`` the conv is
+    a plain lax convolution whose bias is added before the pooling, as brainstate.nn.Conv2d,
+    snnTorch and SpikingJelly models do."""
 
-    def __init__(self, pool, seed=0):
+    def __init__(self, pool, seed=0, bias_before_pool=False):
         super().__init__('subtract', seed)
-        self.pool = pool
+        self.pool, self.bias_before_pool = pool, bias_before_pool
         if pool == 'brainstate-avg':
             self.pool_layer = brainstate.nn.AvgPool2d(2, 2)
         elif pool == 'ours-avg':
@@ -410,8 +413,12 @@ class PoolBetween(OneLayer):
         self.h = brainstate.HiddenState(jnp.zeros((batch_size, side, side, 4)))
 
     def update(self, x):
-        y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
-                    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+        if self.bias_before_pool:
+            y = lax.conv_general_dilated(x, self.K.value, (1, 1), 'SAME',
+                                         dimension_numbers=('NHWC', 'HWIO', 'NHWC')) + self.b.value
+        else:
+            y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
+                        dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
         if self.pool == 'sum-same':
             y = 0.5 * lax.reduce_window(y, 0.0, lax.add, (1, 3, 3, 1), (1, 1, 1, 1), 'SAME')
         else:
@@ -422,14 +429,16 @@ class PoolBetween(OneLayer):
         return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
 
 
+@pytest.mark.parametrize('bias_before_pool', [False, True])
 @pytest.mark.parametrize('pool', ['brainstate-avg', 'ours-avg', 'sum-same'])
-def test_linear_pooling_between_op_and_neuron_is_exact_in_drtrl(pool):
-    model = PoolBetween(pool)
+def test_linear_pooling_between_op_and_neuron_is_exact_in_drtrl(pool, bias_before_pool):
+    model = PoolBetween(pool, bias_before_pool=bias_before_pool)
     xs, labels = spikes_and_labels((3, 6, 6, 2), T=8, p=0.6)
     learner = bc.D_RTRL(model)
     errors = compare(model, learner, xs, labels)
     assert max(errors.values()) < EXACT, errors
     assert methods(learner)['K'].startswith('exact trace (D-RTRL)')
+    assert methods(learner)['b'].startswith('exact trace')
 
 
 class GroupedPoolChannelsFirst(brainstate.nn.Module):
@@ -466,9 +475,10 @@ def test_linear_pooling_after_a_grouped_channels_first_conv_is_exact_in_drtrl():
     assert methods(learner)['K'].startswith('exact trace (D-RTRL)')
 
 
+@pytest.mark.parametrize('bias_before_pool', [False, True])
 @pytest.mark.parametrize('pool', ['brainstate-avg', 'sum-same'])
-def test_linear_pooling_between_op_and_neuron_in_es_drtrl(pool):
-    model = PoolBetween(pool)
+def test_linear_pooling_between_op_and_neuron_in_es_drtrl(pool, bias_before_pool):
+    model = PoolBetween(pool, bias_before_pool=bias_before_pool)
     xs, labels = spikes_and_labels((3, 6, 6, 2), T=8, p=0.6)
     learner = bc.ES_D_RTRL(model, decay=0.9)
     errors = compare(model, learner, xs, labels)

@@ -275,7 +275,10 @@ class OnlineLearner(Learner):
         self._early: dict = {}      # graph id -> state Jacobian evaluated a step early
 
     def _prepare(self, step):
-        graph = analyse(step)
+        try:
+            graph = analyse(step)
+        except ValueError as err:    # say which executor refused the model
+            raise ValueError(f'{self.algorithm} cannot train this model: {err}') from None
         for op in graph.ops:
             missing = op.primitive.missing_rules(self.required_rules)
             if missing:

@@ -377,7 +377,7 @@ def _ops(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups, group_of_leaf)
             maps = list(reach.finals.values())
             if any(m is MIXED for m in maps):
                 raise ValueError(f'a non-elementwise op ({reach.mixing}) lies between {label} and '
-                                 f'hidden state(s) {groups[group].names}; D-RTRL needs the op '
+                                 f'hidden state(s) {groups[group].names}; online training needs the op '
                                  f'output to reach its neurons element by element (move norms, '
                                  f'max pooling or reductions after the neuron).')
             if any(not np.array_equal(m, maps[0]) for m in maps[1:]):

@@ -99,13 +99,33 @@ def positions_through(eqn, index_in: dict, *, broadcast: bool = False):
         shape = eqn.params['shape']
         if int(np.prod(shape)) != idx.size and not broadcast:
             raise Mixing('broadcast_in_dim (copies one position to many)')
-        expanded = np.reshape(idx, [shape[d] if d in eqn.params['broadcast_dimensions'] else 1
-                                    for d in range(len(shape))])
+        placed = [1] * len(shape)          # operand axes at their dims, size 1 elsewhere
+        for axis, d in enumerate(eqn.params['broadcast_dimensions']):
+            placed[d] = idx.shape[axis]
+        expanded = np.reshape(idx, placed)
         return [np.broadcast_to(expanded, shape)]
+    if name == 'reduce_window_sum' and broadcast:
+        return [_window_source(idx, eqn.params)]
     if getattr(lax, f'{name}_p', None) is not eqn.primitive:   # not one of lax's own
         raise Mixing(f'{name}, which is not known to act element by element; if it does, '
                      f'declare it with braintrace_conv.register_elementwise({name!r})')
     raise Mixing(name)
+
+
+def _window_source(index, params):
+    """The source element of each window sum over a broadcast value: defined when every
+    element in a window copies the same one (a bias broadcast over the pooled axes)."""
+    if any(d != 1 for d in (*params['base_dilation'], *params['window_dilation'])):
+        raise Mixing('reduce_window_sum (dilated)')
+    padded = np.pad(index, params['padding'], constant_values=-1)   # -1: padding, no source
+    windows = np.lib.stride_tricks.sliding_window_view(padded, params['window_dimensions'])
+    windows = windows[tuple(slice(None, None, s) for s in params['window_strides'])]
+    windows = windows.reshape(*windows.shape[:index.ndim], -1)
+    real = np.where(windows < 0, windows.max(-1, keepdims=True), windows)
+    source = real.max(-1)
+    if np.any(source < 0) or np.any(real.min(-1) != source):
+        raise Mixing('reduce_window_sum (combining different positions)')
+    return source
 
 
 # Primitives whose definition is being read (name -> 'impl' or 'jvp'), see acts_elementwise.

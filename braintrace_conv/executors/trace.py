@@ -190,7 +190,7 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
 def _lift_plain_ops(closed, n_hidden: int, n_params: int):
     """Re-trace ``closed`` with plain ops rebound as ETP ops where a lift rule applies
     (weight operand from parameters only, data operand from states or inputs), and
-    sum/average pooling right after a convolution folded into it."""
+    sum/average pooling right after a convolution (or its bias) folded into it."""
     jaxpr = closed.jaxpr
     deps = dependency_sets(jaxpr, n_hidden, n_params)
     params_only = lambda v: is_literal(v) or not (deps.get(v, frozenset()) & {'h', 'x', 'y'})
@@ -205,7 +205,7 @@ def _lift_plain_ops(closed, n_hidden: int, n_params: int):
             lifts[i] = rule
     convs = {i for i, e in enumerate(jaxpr.eqns)
              if e.primitive is etp_conv_p or (i in lifts and e.primitive.name == 'conv_general_dilated')}
-    folds = _pool_folds(jaxpr, convs)
+    folds = _pool_folds(jaxpr, convs, params_only)
     if not lifts and not folds:
         return closed
 
@@ -218,10 +218,13 @@ def _lift_plain_ops(closed, n_hidden: int, n_params: int):
             if i in skip:
                 continue
             if i in pending:                   # the pooling of a folded convolution
-                (prim, operands, params), (_, scale_eqn, pool) = pending.pop(i)
-                out = prim.bind(*operands, **params, pool=pool)
-                last = jaxpr.eqns[scale_eqn] if scale_eqn is not None else eqn
-                skip.add(scale_eqn)
+                (prim, operands, params), fold = pending.pop(i)
+                out = prim.bind(*operands, **params, pool=fold.pool)
+                if fold.bias is not None:      # pool(y + c) = pool(y) + pool(c)
+                    c = jnp.broadcast_to(read(fold.bias), jaxpr.eqns[fold.bias_eqn].outvars[0].aval.shape)
+                    out = out + eqn.primitive.bind(c, **eqn.params) * jnp.asarray(fold.pool[3], c.dtype)
+                last = jaxpr.eqns[fold.scale_eqn] if fold.scale_eqn is not None else eqn
+                skip.add(fold.scale_eqn)
                 env[last.outvars[0]] = out
                 continue
             invals = [read(v) for v in eqn.invars]
@@ -229,7 +232,8 @@ def _lift_plain_ops(closed, n_hidden: int, n_params: int):
             if bound is None and isinstance(eqn.primitive, ETPPrimitive):
                 bound = eqn.primitive, invals, dict(eqn.params)
             if i in folds:                     # bind later, with the pooling
-                pending[folds[i][0]] = (bound, folds[i])
+                pending[folds[i].reduce_eqn] = (bound, folds[i])
+                skip.add(folds[i].bias_eqn)
                 continue
             outs = [bound[0].bind(*bound[1], **bound[2])] if bound is not None \
                 else bind_eqn(eqn, invals)
@@ -240,10 +244,24 @@ def _lift_plain_ops(closed, n_hidden: int, n_params: int):
     return jax.make_jaxpr(run)(*specs)
 
 
-def _pool_folds(jaxpr, convs) -> dict:
-    """``{conv eqn: (reduce_window eqn, scale eqn or None, pool)}`` for a convolution whose
-    only reader is a ``reduce_window_sum`` over spatial axes, optionally followed by a
-    multiplication or division by a constant scalar (average pooling)."""
+@dataclasses.dataclass(frozen=True)
+class _PoolFold:
+    """A sum/average pooling read from a convolution's output, to fold into the op:
+    ``scale * reduce_window_sum(y [+ c])``, with ``c`` (a bias) computed from
+    parameters only. Fields are equation indices, the bias variable and the op's
+    ``pool`` parameter ``(window, strides, padding, scale)``."""
+    reduce_eqn: int
+    scale_eqn: int | None
+    bias_eqn: int | None
+    bias: Any
+    pool: tuple
+
+
+def _pool_folds(jaxpr, convs, params_only) -> dict:
+    """``{conv eqn: _PoolFold}`` for a convolution whose only reader is a
+    ``reduce_window_sum`` over spatial axes -- directly, or through the addition of a
+    parameter-only bias -- optionally followed by a multiplication or division by a
+    constant scalar (average pooling)."""
     readers = {}
     for j, eqn in enumerate(jaxpr.eqns):
         for v in eqn.invars:
@@ -257,7 +275,15 @@ def _pool_folds(jaxpr, convs) -> dict:
         eqn = jaxpr.eqns[i]
         if eqn.params.get('pool') is not None:
             continue
-        j = only_reader(eqn.outvars[0])
+        y, bias_eqn, bias = eqn.outvars[0], None, None
+        j = only_reader(y)
+        if j is not None and jaxpr.eqns[j].primitive.name == 'add':
+            a, b = jaxpr.eqns[j].invars
+            c = b if a is y else a
+            if c is y or not params_only(c):
+                continue
+            bias_eqn, bias, y = j, c, jaxpr.eqns[j].outvars[0]
+            j = only_reader(y)
         if j is None or jaxpr.eqns[j].primitive.name != 'reduce_window_sum':
             continue
         rw = jaxpr.eqns[j].params
@@ -278,5 +304,5 @@ def _pool_folds(jaxpr, convs) -> dict:
                 k = None
         else:
             k = None
-        folds[i] = (j, k, (window, strides, padding, scale))
+        folds[i] = _PoolFold(j, k, bias_eqn, bias, (window, strides, padding, scale))
     return folds
