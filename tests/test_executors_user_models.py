@@ -16,7 +16,7 @@ from jax import lax
 
 import braintrace_conv as bc
 from braintrace_conv import nn
-from snn_reference import EXACT, rel_err, spike, xent
+from snn_reference import EXACT, rel_err, spike, spike_vjp, xent
 
 
 
@@ -86,6 +86,11 @@ class OneLayer(brainstate.nn.Module):
             s = spike(v - 1.0)
             self.h.value = v - s
             out = s
+        elif self.style == 'subtract-vjp':    # the spike's derivative given as a custom_vjp
+            v = 0.9 * h_old + y
+            s = spike_vjp(v - 1.0)
+            self.h.value = v - s
+            out = s
         elif self.style == 'zero':            # reset to zero
             v = 0.8 * h_old + y
             s = spike(v - 1.0)
@@ -111,7 +116,7 @@ class OneLayer(brainstate.nn.Module):
         return bc.dense(out.reshape(out.shape[0], -1), self.W.value)
 
 
-STYLES = ['subtract', 'zero', 'old-and-new', 'old-only', 'alif-reset']
+STYLES = ['subtract', 'subtract-vjp', 'zero', 'old-and-new', 'old-only', 'alif-reset']
 
 
 @pytest.mark.parametrize('style', STYLES)

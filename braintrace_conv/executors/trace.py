@@ -189,8 +189,9 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
 
 def _lift_plain_ops(closed, n_hidden: int, n_params: int):
     """Re-trace ``closed`` with plain ops rebound as ETP ops where a lift rule applies
-    (weight operand from parameters only, data operand from states or inputs), and
-    sum/average pooling right after a convolution (or its bias) folded into it."""
+    (weight operand from parameters only, data operand from states or inputs),
+    sum/average pooling right after a convolution folded into it, and ``custom_vjp``
+    functions given a forward-mode rule (:func:`_forward_mode`)."""
     jaxpr = closed.jaxpr
     deps = dependency_sets(jaxpr, n_hidden, n_params)
     params_only = lambda v: is_literal(v) or not (deps.get(v, frozenset()) & {'h', 'x', 'y'})
@@ -206,7 +207,8 @@ def _lift_plain_ops(closed, n_hidden: int, n_params: int):
     convs = {i for i, e in enumerate(jaxpr.eqns)
              if e.primitive is etp_conv_p or (i in lifts and e.primitive.name == 'conv_general_dilated')}
     folds = _pool_folds(jaxpr, convs, params_only)
-    if not lifts and not folds:
+    vjp_calls = {i for i, e in enumerate(jaxpr.eqns) if e.primitive.name == 'custom_vjp_call'}
+    if not lifts and not folds and not vjp_calls:
         return closed
 
     def run(*args):
@@ -235,13 +237,40 @@ def _lift_plain_ops(closed, n_hidden: int, n_params: int):
                 pending[folds[i].reduce_eqn] = (bound, folds[i])
                 skip.add(folds[i].bias_eqn)
                 continue
-            outs = [bound[0].bind(*bound[1], **bound[2])] if bound is not None \
-                else bind_eqn(eqn, invals)
+            if bound is not None:
+                outs = [bound[0].bind(*bound[1], **bound[2])]
+            elif i in vjp_calls:
+                outs = _forward_mode(eqn)(*invals)
+            else:
+                outs = bind_eqn(eqn, invals)
             env.update(zip(eqn.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
 
     specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars]
     return jax.make_jaxpr(run)(*specs)
+
+
+def _forward_mode(eqn):
+    """A ``custom_vjp`` call as a ``custom_jvp`` function with the same value, whose JVP
+    is the transpose of the user's VJP.
+
+    The online executors differentiate a step forward in time, which JAX refuses
+    through ``custom_vjp``. A VJP rule is linear in the cotangent, so its transpose is
+    the JVP that BPTT implicitly uses: D-RTRL stays exact, whatever the function (a
+    spike with a surrogate derivative, typically). Reverse mode through the new
+    function transposes that JVP back to the user's VJP.
+    """
+    @jax.custom_jvp
+    def call(*args):
+        return bind_eqn(eqn, list(args))
+
+    @call.defjvp
+    def jvp(primals, tangents):
+        outs, vjp = jax.vjp(call.fun, *primals)
+        out_tangents, = jax.linear_transpose(vjp, outs)(tuple(tangents))
+        return outs, out_tangents
+
+    return call
 
 
 @dataclasses.dataclass(frozen=True)
