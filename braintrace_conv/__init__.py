@@ -13,6 +13,7 @@ import brainstate as _brainstate  # noqa: E402  (importing it resets jax_enable_
 if _X64 and not _jax.config.jax_enable_x64:   # keep the user's float64 setting
     _brainstate.environ.set(precision=64)
 
+from .precision import use_float64  # noqa: E402
 from .primitive import ETPPrimitive, register_primitive  # noqa: E402
 from .conv import conv, etp_conv_p  # noqa: E402
 from .dense import dense, etp_dense_p  # noqa: E402
@@ -20,4 +21,4 @@ from .executors import BPTT, D_RTRL, ES_D_RTRL, register_elementwise  # noqa: E4
 from .training import Trainer  # noqa: E402
 
 __all__ = ['ETPPrimitive', 'register_primitive', 'conv', 'etp_conv_p', 'dense', 'etp_dense_p',
-           'BPTT', 'D_RTRL', 'ES_D_RTRL', 'register_elementwise', 'Trainer']
+           'BPTT', 'D_RTRL', 'ES_D_RTRL', 'register_elementwise', 'Trainer', 'use_float64']

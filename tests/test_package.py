@@ -15,3 +15,19 @@ def test_public_surface():
     for name in ('conv', 'dense', 'register_primitive', 'ETPPrimitive', 'BPTT', 'D_RTRL',
                  'ES_D_RTRL', 'Trainer'):
         assert name in bc.__all__ and getattr(bc, name).__doc__
+
+
+def test_one_switch_sets_float64_for_jax_and_brainstate():
+    code = ('import braintrace_conv as bc, brainstate, jax.numpy as jnp; bc.use_float64(); '
+            'assert brainstate.ParamState(jnp.ones(2)).value.dtype == jnp.float64; '
+            'assert jnp.asarray(1.0).dtype == jnp.float64; bc.use_float64(False); '
+            'assert brainstate.ParamState(jnp.ones(2)).value.dtype == jnp.float32; '
+            'assert jnp.asarray(1.0).dtype == jnp.float32')
+    subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def test_the_float64_switch_takes_a_bool():
+    import pytest
+    import braintrace_conv as bc
+    with pytest.raises(TypeError, match='use_float64 takes True or False'):
+        bc.use_float64('yes')
