@@ -120,3 +120,28 @@ def test_braintools_surrogates_are_exact_in_drtrl(name):
     for key in ref:
         assert np.abs(ref[key]).max() > 0, f'{key}: vacuous reference'
         assert rel_err(got[key], ref[key]) < EXACT, (name, key)
+
+
+class OurLIF(brainstate.nn.Module):
+    """This library's conv and LIF with a braintools spike function."""
+
+    def __init__(self, spike_fn):
+        super().__init__()
+        from braintrace_conv import nn
+        self.conv = nn.Conv2d(2, 4, 3, layout='channels_last')
+        self.lif = nn.LIF((6, 6, 4), tau=5.0 * u.ms, spike_fn=spike_fn)
+        self.readout = nn.Linear(6 * 6 * 4, 3)
+
+    def update(self, x):
+        spikes = self.lif(self.conv(x) * 2.0)
+        return self.readout(spikes.reshape(spikes.shape[0], -1))
+
+
+def test_braintools_surrogates_drive_this_librarys_neurons_exactly():
+    brainstate.random.seed(0)
+    net, (xs, ys) = OurLIF(braintools.surrogate.Arctan()), data()
+    brainstate.nn.init_all_states(net, 2)
+    ref, got = gradients(net, xs, ys, bc.D_RTRL(net))
+    for key in ref:
+        assert np.abs(ref[key]).max() > 0, f'{key}: vacuous reference'
+        assert rel_err(got[key], ref[key]) < EXACT, key
