@@ -1,15 +1,11 @@
 """Time per step and peak memory of BPTT, D-RTRL and ES-D-RTRL on a DVS-Gesture-sized net.
 
-Workload: batch 16 of 2x64x64 Bernoulli(p=0.05) spike frames (DVS128 Gesture
-pooled by 2), 11 classes, cross-entropy at every step, float32:
-
-    conv 5x5 stride 2,  2 -> 16, LIF                 16 x 32 x 32
-    conv 3x3,          16 -> 32, LIF, avg-pool 2     32 x 16 x 16
-    conv 3x3,          32 -> 64, LIF, avg-pool 2     64 x  8 x  8
-    conv 3x3,          64 -> 64, LIF, avg-pool 2     64 x  4 x  4
-    dense 1024 -> 11 (class scores every step)
-
-Pooling follows each LIF, so every conv drives its own neuron directly.
+Workload (``workloads.make_dvs_model``): batch 16 of 2x64x64 Bernoulli(p=0.05) spike
+frames (DVS128 Gesture pooled by 2), 11 classes, cross-entropy at every step,
+float32, four conv+LIF layers with average pooling after the LIFs of layers 2-4
+(so every conv drives its own neuron directly), dense readout; ``--layout
+channels-first`` (this library's layers, the default) or ``channels-last``
+(``brainstate.nn`` layers, reset-after-spike LIFs).
 Every (algorithm, T) runs in a fresh process and reports: compile time,
 median wall time per step over ``--repeats`` sequences, XLA's memory
 analysis of the compiled sequence (``learner.lower(...)``: temporaries, and
@@ -23,6 +19,7 @@ which the online executors could avoid by feeding chunks to ``advance``.
 
     python benchmarks/dvs_gesture.py                       # T in 25 50 100 200
     python benchmarks/dvs_gesture.py --T 4 --quick         # smoke test
+    python benchmarks/dvs_gesture.py --layout channels-last
 
 Prints a Markdown table and writes JSON (default benchmarks/results/dvs_gesture.json).
 """
@@ -43,61 +40,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import default_path, write_results  # noqa: E402
 
 ALGORITHMS = ('bptt', 'es-d-rtrl', 'd-rtrl')
-BATCH, IN_SHAPE, NUM_CLASSES, TAU = 16, (2, 64, 64), 11, 20.0
 GIB = 2**30
 
 
-def _model():
-    import brainstate
-
-    from braintrace_conv import nn
-
-    class GestureNet(brainstate.nn.Module):
-        """The conv stack of the module docstring, channels first."""
-
-        def __init__(self):
-            super().__init__()
-            cf = dict(layout='channels_first')
-            self.conv1 = nn.Conv2d(2, 16, 5, stride=2, **cf)
-            self.lif1 = nn.LIF((16, 32, 32), tau=TAU)
-            self.conv2 = nn.Conv2d(16, 32, 3, **cf)
-            self.lif2 = nn.LIF((32, 32, 32), tau=TAU)
-            self.conv3 = nn.Conv2d(32, 64, 3, **cf)
-            self.lif3 = nn.LIF((64, 16, 16), tau=TAU)
-            self.conv4 = nn.Conv2d(64, 64, 3, **cf)
-            self.lif4 = nn.LIF((64, 8, 8), tau=TAU)
-            self.pool = nn.AvgPool2d(2, **cf)
-            self.flatten = nn.Flatten()
-            self.fc = nn.Linear(64 * 4 * 4, NUM_CLASSES)
-
-        def update(self, x):                                    # (B, 2, 64, 64)
-            h = self.lif1(self.conv1(x))                        # (B, 16, 32, 32)
-            h = self.pool(self.lif2(self.conv2(h)))             # (B, 32, 16, 16)
-            h = self.pool(self.lif3(self.conv3(h)))             # (B, 64, 8, 8)
-            h = self.pool(self.lif4(self.conv4(h)))             # (B, 64, 4, 4)
-            return self.fc(self.flatten(h))                     # (B, 11)
-
-    return GestureNet()
-
-
-def _worker(algorithm: str, T: int, repeats: int) -> dict:
-    import brainstate
+def _worker(layout: str, algorithm: str, T: int, repeats: int) -> dict:
     import jax
-    import jax.numpy as jnp
 
     import braintrace_conv as bc
+    from workloads import DVS_TAU, cross_entropy as loss_fn, make_dvs_data, make_dvs_model
 
-    brainstate.random.seed(0)
-    model = _model()
-    rng = np.random.default_rng(0)
-    xs = jnp.asarray(rng.random((T, BATCH) + IN_SHAPE) < 0.05, jnp.float32)
-    labels = jnp.asarray(np.broadcast_to(rng.integers(0, NUM_CLASSES, BATCH), (T, BATCH)))
-
-    def loss_fn(scores, label):
-        return -jnp.mean(jax.nn.log_softmax(scores)[jnp.arange(scores.shape[0]), label])
-
+    model = make_dvs_model(layout)
+    xs, labels = make_dvs_data(layout, T)
     learner = {'bptt': lambda: bc.BPTT(model), 'd-rtrl': lambda: bc.D_RTRL(model),
-               'es-d-rtrl': lambda: bc.ES_D_RTRL(model, math.exp(-1 / TAU))}[algorithm]()
+               'es-d-rtrl': lambda: bc.ES_D_RTRL(model, math.exp(-1 / DVS_TAU))}[algorithm]()
     start = time.perf_counter()
     memory = learner.lower(loss_fn, xs, labels).compile().memory_analysis()
     compile_s = time.perf_counter() - start
@@ -121,8 +76,8 @@ def _worker(algorithm: str, T: int, repeats: int) -> dict:
                 trace_mib=learner.report().trace_bytes / 2**20, loss=float(loss))
 
 
-def _run(algorithm: str, T: int, repeats: int) -> dict:
-    cmd = [sys.executable, __file__, '--worker', algorithm, str(T), str(repeats)]
+def _run(layout: str, algorithm: str, T: int, repeats: int) -> dict:
+    cmd = [sys.executable, __file__, '--worker', layout, algorithm, str(T), str(repeats)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f'{algorithm} T={T} failed:\n{proc.stderr[-3000:]}')
@@ -164,15 +119,17 @@ def main(argv=None) -> int:
     parser.add_argument('--T', type=int, nargs='+', default=[25, 50, 100, 200],
                         help='sequence lengths')
     parser.add_argument('--algorithms', nargs='+', choices=ALGORITHMS, default=list(ALGORITHMS))
+    parser.add_argument('--layout', choices=['channels-first', 'channels-last'],
+                        default='channels-first')
     parser.add_argument('--repeats', type=int, default=3, help='timed sequences per run')
     parser.add_argument('--quick', action='store_true', help='one timed sequence per run')
     parser.add_argument('--budget-gib', type=float, default=24.0)
     parser.add_argument('--out', default=default_path('dvs_gesture'))
-    parser.add_argument('--worker', nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument('--worker', nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        algorithm, T, repeats = args.worker
-        print(json.dumps(_worker(algorithm, int(T), int(repeats))))
+        layout, algorithm, T, repeats = args.worker
+        print(json.dumps(_worker(layout, algorithm, int(T), int(repeats))))
         return 0
     if min(args.T) <= 0 or args.repeats <= 0 or args.budget_gib <= 0:
         parser.error('--T, --repeats and --budget-gib must be positive')
@@ -180,7 +137,7 @@ def main(argv=None) -> int:
     rows = []
     for algorithm in args.algorithms:
         for T in sorted(set(args.T)):
-            row = _run(algorithm, T, repeats)
+            row = _run(args.layout, algorithm, T, repeats)
             rows.append(row)
             print(f"  {algorithm:>9} T={T:<5} {1e3 * row['s_per_step']:.1f} ms/step  "
                   f"XLA total {row['xla_total_mib']:.0f} MiB", file=sys.stderr, flush=True)
@@ -188,7 +145,7 @@ def main(argv=None) -> int:
                          [r['xla_total_mib'] for r in rows if r['algorithm'] == a],
                          args.budget_gib)
             for a in args.algorithms}
-    print(f'DVS-Gesture-sized net, batch {BATCH}, device {rows[0]["device"]}\n')
+    print(f'DVS-Gesture-sized net ({args.layout}), batch 16, device {rows[0]["device"]}\n')
     print('| algorithm | T | compile s | ms / step | XLA temp MiB | XLA total MiB | '
           'device peak MiB | peak RSS MiB | trace MiB |')
     print('|---|---:|---:|---:|---:|---:|---:|---:|---:|')
@@ -205,8 +162,7 @@ def main(argv=None) -> int:
         largest = ('any' if fit['largest_T'] is None and fit['mib_per_step'] is not None
                    else '-' if fit['largest_T'] is None else str(fit['largest_T']))
         print(f"| {a} | {per_step} | {largest} | {fit['how']} |")
-    write_results(args.out, workload=dict(batch=BATCH, in_shape=IN_SHAPE, classes=NUM_CLASSES,
-                                          tau_ms=TAU, budget_gib=args.budget_gib),
+    write_results(args.out, workload=dict(layout=args.layout, budget_gib=args.budget_gib),
                   rows=rows, largest_T=fits)
     return 0
 

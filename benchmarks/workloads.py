@@ -11,6 +11,19 @@ every step, LIF decay ``exp(-1/10)``, threshold 1, sigmoid surrogate (slope 4).
   ops, channels last) and a LIF that stores the post-reset potential and
   outputs the spike of the pre-reset one: ``v = a h + I; s = spike(v - 1);
   h = v - s; return s``.
+
+The DVS-Gesture-sized net (:func:`make_dvs_model`): batch 16 of 2x64x64 Bernoulli(0.05)
+frames, 11 classes, cross-entropy at every step::
+
+    conv 5x5 stride 2,  2 -> 16, LIF                 16 x 32 x 32
+    conv 3x3,          16 -> 32, LIF, avg-pool 2     32 x 16 x 16
+    conv 3x3,          32 -> 64, LIF, avg-pool 2     64 x  8 x  8
+    conv 3x3,          64 -> 64, LIF, avg-pool 2     64 x  4 x  4
+    dense 1024 -> 11
+
+in two layouts: ``channels-first`` with this library's layers and neurons
+(``tau = 20`` steps), and ``channels-last`` with ``brainstate.nn`` layers and the
+reset-after-spike LIF above (decay ``exp(-1/20)``), as brainstate users write it.
 """
 from __future__ import annotations
 
@@ -25,7 +38,9 @@ from braintrace_conv.models import standard_benchmark_snn
 from braintrace_conv.nn import FanInNormal
 from braintrace_conv.nn.surrogate import Sigmoid
 
-__all__ = ['STYLES', 'DECAY', 'make_model', 'make_data', 'cross_entropy']
+__all__ = ['STYLES', 'DECAY', 'make_model', 'make_data', 'cross_entropy',
+           'DVS_LAYOUTS', 'DVS_BATCH', 'DVS_IN_SHAPE', 'DVS_CLASSES', 'DVS_TAU',
+           'make_dvs_model', 'make_dvs_data']
 
 STYLES = ('ours', 'reset-after-spike')
 DECAY = math.exp(-1 / 10)
@@ -87,3 +102,81 @@ def make_data(style: str, T: int, batch: int = 8, seed: int = 0):
 
 def cross_entropy(logits, label):
     return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(logits.shape[0]), label])
+
+
+DVS_LAYOUTS = ('channels-first', 'channels-last')
+DVS_BATCH, DVS_IN_SHAPE, DVS_CLASSES, DVS_TAU = 16, (2, 64, 64), 11, 20.0
+
+
+class DvsChannelsFirst(brainstate.nn.Module):
+    """The DVS-sized net with this library's layers and neurons, channels first."""
+
+    def __init__(self):
+        super().__init__()
+        from braintrace_conv import nn
+        cf = dict(layout='channels_first')
+        self.conv1 = nn.Conv2d(2, 16, 5, stride=2, **cf)
+        self.lif1 = nn.LIF((16, 32, 32), tau=DVS_TAU)
+        self.conv2 = nn.Conv2d(16, 32, 3, **cf)
+        self.lif2 = nn.LIF((32, 32, 32), tau=DVS_TAU)
+        self.conv3 = nn.Conv2d(32, 64, 3, **cf)
+        self.lif3 = nn.LIF((64, 16, 16), tau=DVS_TAU)
+        self.conv4 = nn.Conv2d(64, 64, 3, **cf)
+        self.lif4 = nn.LIF((64, 8, 8), tau=DVS_TAU)
+        self.pool = nn.AvgPool2d(2, **cf)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(64 * 4 * 4, DVS_CLASSES)
+
+    def update(self, x):                                    # (B, 2, 64, 64)
+        h = self.lif1(self.conv1(x))                        # (B, 16, 32, 32)
+        h = self.pool(self.lif2(self.conv2(h)))             # (B, 32, 16, 16)
+        h = self.pool(self.lif3(self.conv3(h)))             # (B, 64, 8, 8)
+        h = self.pool(self.lif4(self.conv4(h)))             # (B, 64, 4, 4)
+        return self.fc(self.flatten(h))                     # (B, 11)
+
+
+class DvsChannelsLast(brainstate.nn.Module):
+    """The DVS-sized net with ``brainstate.nn`` layers and reset-after-spike LIFs."""
+
+    def __init__(self):
+        super().__init__()
+        decay = math.exp(-1 / DVS_TAU)
+        conv = lambda size, c_out, k, stride=1: brainstate.nn.Conv2d(
+            size, c_out, k, stride=stride, padding='SAME',
+            w_init=FanInNormal(4.0)((k, k, size[-1], c_out)))
+        self.conv1 = conv((64, 64, 2), 16, 5, stride=2)
+        self.lif1 = ResetLIF((32, 32, 16), decay)
+        self.conv2 = conv((32, 32, 16), 32, 3)
+        self.lif2 = ResetLIF((32, 32, 32), decay)
+        self.conv3 = conv((16, 16, 32), 64, 3)
+        self.lif3 = ResetLIF((16, 16, 64), decay)
+        self.conv4 = conv((8, 8, 64), 64, 3)
+        self.lif4 = ResetLIF((8, 8, 64), decay)
+        self.pool = brainstate.nn.AvgPool2d(2, 2)
+        self.fc = brainstate.nn.Linear(4 * 4 * 64, DVS_CLASSES)
+
+    def update(self, x):                                    # (B, 64, 64, 2)
+        h = self.lif1(self.conv1(x))                        # (B, 32, 32, 16)
+        h = self.pool(self.lif2(self.conv2(h)))             # (B, 16, 16, 32)
+        h = self.pool(self.lif3(self.conv3(h)))             # (B, 8, 8, 64)
+        h = self.pool(self.lif4(self.conv4(h)))             # (B, 4, 4, 64)
+        return self.fc(h.reshape(h.shape[0], -1))           # (B, 11)
+
+
+def make_dvs_model(layout: str = 'channels-first'):
+    brainstate.random.seed(0)
+    if layout == 'channels-first':
+        return DvsChannelsFirst()
+    if layout == 'channels-last':
+        return DvsChannelsLast()
+    raise ValueError(f'layout must be one of {DVS_LAYOUTS}, got {layout!r}.')
+
+
+def make_dvs_data(layout: str, T: int, seed: int = 0):
+    """``(xs (T, 16, ...), labels (T, 16))``: one label per sequence, in the layout's order."""
+    rng = np.random.default_rng(seed)
+    xs = rng.random((T, DVS_BATCH) + DVS_IN_SHAPE) < 0.05
+    if layout == 'channels-last':
+        xs = xs.transpose(0, 1, 3, 4, 2)
+    labels = np.broadcast_to(rng.integers(0, DVS_CLASSES, DVS_BATCH), (T, DVS_BATCH))
+    return jnp.asarray(xs, jnp.float32), jnp.asarray(labels)
