@@ -684,8 +684,6 @@ class Trainer:
                   for k in ('epoch', 'step', 'skipped_updates')}
         history = checkpoint.field(meta, 'history', list, path)
         best = meta.get('best')
-        if best is not None and not isinstance(best, dict):
-            raise checkpoint.CheckpointError(f'{path} has an invalid best entry: {best!r}.')
         rng, key = _generators(meta.get('rng'), arrays.get('rng/brainstate_key'), path)
         # everything is valid: only now change the trainer
         self._set_params(params)
