@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
-__all__ = ['NpyFileError', 'read_npy', 'read_npz', 'npy_entries', 'available_memory']
+__all__ = ['NpyFileError', 'read_npy', 'read_npz', 'npy_header', 'npy_entries',
+           'available_memory']
 
 # What a damaged or foreign file can raise from the zip and npy readers.
 _READ_ERRORS = (ValueError, OSError, EOFError, KeyError, IndexError, TypeError, SyntaxError,
@@ -96,19 +97,29 @@ def _read(f, data_bytes: int, path, what: str = 'the array') -> np.ndarray:
     return array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
 
 
-def read_npy(path) -> np.ndarray:
-    """The array of the ``.npy`` file ``path``, its header checked before anything is
-    allocated; raises :class:`NpyFileError` (naming ``path``) or ``OSError``."""
+def _npy(path, read_data: bool):
     path = Path(path)
     try:
         with open(path, 'rb') as f:
-            return _read(f, os.fstat(f.fileno()).st_size, path, 'the file')
-    except NpyFileError:
-        raise
-    except OSError:
+            size = os.fstat(f.fileno()).st_size
+            return (_read(f, size, path, 'the file') if read_data
+                    else _header(f, size, path, 'the file')[:2])
+    except (NpyFileError, OSError):
         raise
     except _READ_ERRORS as err:
-        raise NpyFileError(path, f'not a readable .npy array: {err}') from None
+        raise NpyFileError(path, f'not a readable .npy array ({type(err).__name__}: '
+                                 f'{err})') from None
+
+
+def read_npy(path) -> np.ndarray:
+    """The array of the ``.npy`` file ``path``, its header checked before anything is
+    allocated; raises :class:`NpyFileError` (naming ``path``) or ``OSError``."""
+    return _npy(path, read_data=True)
+
+
+def npy_header(path) -> tuple:
+    """``(shape, dtype)`` of the ``.npy`` file ``path``, from its checked header only."""
+    return _npy(path, read_data=False)
 
 
 def npy_entries(path) -> list:
