@@ -133,11 +133,14 @@ class ScalarLog:
     def _rows_until(self, step: int) -> list:
         if step == 0 or not self.path.is_file():
             return []
-        with open(self.path, newline='') as f:
+        # undecodable bytes (a damaged file) become U+FFFD and fail the checks below
+        with open(self.path, newline='', encoding='utf-8', errors='replace') as f:
             rows = list(csv.reader(f))[1:]
         kept = []
         for row in rows:    # a run killed mid-write may leave a partial last line
-            if len(row) == len(SCALAR_COLUMNS) and row[0].isdigit() and int(row[0]) <= step:
+            if (len(row) == len(SCALAR_COLUMNS) and row[0].isascii() and row[0].isdigit()
+                    and int(row[0]) <= step
+                    and not any('\ufffd' in cell for cell in row)):
                 kept.append(row)
         return kept
 
