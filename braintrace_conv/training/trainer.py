@@ -57,7 +57,6 @@ import numpy as np
 import optax
 import saiunit as u
 from tqdm.auto import tqdm
-from tqdm.std import tqdm as std_tqdm
 
 from .._validation import class_labels, finite, non_negative, one_of, positive
 from ..data import EventDataset, FrameDataset
@@ -823,7 +822,8 @@ def _generators(state, key_data, path) -> tuple:
 def _bar_shown() -> bool:
     """Whether a progress bar can be drawn: in a notebook, or on a terminal (a bar redrawn
     with carriage returns would fill a log file; the epoch lines are printed anyway)."""
-    return tqdm is not std_tqdm or sys.stderr.isatty()
+    notebook = any(c.__module__ == 'tqdm.notebook' for c in tqdm.__mro__)
+    return notebook or sys.stderr.isatty()
 
 
 def _summary_line(record: dict, epochs: int) -> str:
