@@ -586,3 +586,38 @@ def test_a_bfloat16_model_is_saved_and_restored_bitwise(tmp_path):
     assert_same(state_of(tr), state_of(restored))
     assert {np.asarray(v).dtype for v in restored._view.mantissas().values()} == \
         {np.dtype(jnp.bfloat16)}
+
+
+# ----------------------------------------------------------------------------- executor misuse
+def _label_loss(output, label):
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(output, label))
+
+
+@pytest.mark.parametrize('call, error, match', [
+    (lambda l, xs, ys: l.advance(_label_loss, xs, ys), RuntimeError,
+     r'advance\(\) continues an online run: call reset\(batch_size\) first'),
+    (lambda l, xs, ys: (l.reset(2), l.advance(_label_loss, xs[:, :1], ys[:, :1])), ValueError,
+     r'advance\(\) got xs with batch size 1, but the run was started for 2 sequences; call '
+     r'reset\(1\)'),
+    (lambda l, xs, ys: l.value_and_grad(_label_loss, xs, np.zeros((3, 3), np.int32)),
+     ValueError, r"loss_fn\(output_t, target_t\) fails for one step's model output \(\(2, 8\), "
+                 r"'float64'\) and target \(\(3,\), 'int32'\)"),
+    (lambda l, xs, ys: l.reset(1.5), ValueError, r'reset\(batch_size\) takes a positive int'),
+])
+def test_executor_misuse_gets_a_sentence(call, error, match):
+    m = model()
+    learner = bc.ES_D_RTRL(m, m.membrane_decay())
+    xs = (np.random.default_rng(0).random((3, 2, 2) + SIZE) < 0.3).astype(np.float64)
+    ys = np.zeros((3, 2), np.int32)
+    with pytest.raises(error, match=match):
+        call(learner, xs, ys)
+
+
+def test_bfloat16_inputs_are_accepted():
+    import ml_dtypes
+    tr = trainer()
+    xs = (np.random.default_rng(0).random((T, 4, 2) + SIZE) < 0.3)
+    labels = np.arange(4) % K
+    loss_bf16, _ = tr.value_and_grad(xs.astype(ml_dtypes.bfloat16), labels)
+    loss_f64, _ = tr.value_and_grad(xs.astype(np.float64), labels)
+    assert loss_bf16 == loss_f64      # 0/1 events are exact in bfloat16

@@ -288,7 +288,7 @@ class Trainer:
 
     def _check_batch(self, xs, labels) -> tuple:
         xs = np.asarray(xs)
-        if xs.ndim < 3 or not (np.issubdtype(xs.dtype, np.number) or xs.dtype == bool):
+        if xs.ndim < 3 or not (jnp.issubdtype(xs.dtype, jnp.number) or xs.dtype == bool):
             raise ValueError(f'xs must be a numeric array (T, B, ...), got shape {xs.shape} and '
                              f'dtype {xs.dtype}.')
         k = self._num_outputs(xs.shape[2:], xs.dtype, 'xs')
