@@ -80,7 +80,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint(run, tmp_path, monkeypatc
         raise OSError(28, 'No space left on device')
 
     monkeypatch.setattr(os, 'fsync', disk_full)
-    with pytest.raises(OSError, match='No space left'):
+    with pytest.raises(OSError, match="No space left on device: '.*ckpt.npz'"):
         tr.save_checkpoint(path)
     monkeypatch.undo()
     assert path.read_bytes() == before and os.listdir(tmp_path) == ['ckpt.npz']

@@ -147,8 +147,11 @@ class ScalarLog:
     def log(self, step: int, **scalars) -> None:
         """Append one row (``step`` plus the other :data:`SCALAR_COLUMNS`)."""
         row = dict(scalars, step=step)
-        self._csv.writerow([row[c] for c in SCALAR_COLUMNS])
-        self._file.flush()
+        try:
+            self._csv.writerow([row[c] for c in SCALAR_COLUMNS])
+            self._file.flush()
+        except OSError as err:      # e.g. a full disk: name the file being written
+            raise OSError(err.errno, err.strerror or str(err), str(self.path)) from None
         if self._tb is not None:
             for key in ('loss', 'accuracy', 'skipped_updates'):
                 self._tb.add_scalar(f'train/{key}', row[key], step)
