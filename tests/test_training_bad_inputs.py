@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pickle
+import zipfile
 
 import brainstate
 import jax
@@ -539,7 +540,6 @@ def test_hostile_archives_are_checkpoint_errors(run, tmp_path):
     header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000000,), }"
     header += b' ' * (117 - len(header)) + b'\n'
     path = tmp_path / 'huge.npz'
-    import zipfile
     with zipfile.ZipFile(path, 'w') as archive:
         archive.writestr('param/fc.weight.npy', b'\x93NUMPY\x01\x00\x76\x00' + header + b'\0' * 8)
     refused(tr, lambda: tr.restore_checkpoint(path), CheckpointError,
