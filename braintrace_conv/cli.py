@@ -17,11 +17,16 @@ replaced with ``--overwrite``, never overwritten silently.
 The options that define the result are stored with the run and must be equal
 on ``--resume``; ``--devices`` and ``--cache-size`` may change (a different
 device count changes only the rounding of the gradient's batch sum, and a
-warning says so).
+warning says so), and a larger ``--epochs`` continues a finished run. A
+resumed run first repairs what a run killed after its last checkpoint left
+behind (best checkpoint, ``metrics.json``, learning curve, temporary files);
+a directory another process is training in is refused with that process's pid.
 
 ``braintrace-conv evaluate --run DIR`` rebuilds the data and model of a saved
 run from its stored options, loads its best (or ``--checkpoint last``)
-parameters and reports the test loss, accuracy and spike rates.
+parameters and reports the test loss, accuracy and spike rates. Test data
+that differ from those the run was evaluated on (files added, removed or
+swapped) are refused unless ``--allow-data-change``.
 
 Exit codes: 0 on success (also when ``--resume`` finds the run finished, which
 it reports); 2 for a user error (the usage line, then one line on stderr); 1
@@ -46,8 +51,10 @@ import optax
 
 from . import BPTT, D_RTRL, ES_D_RTRL
 from .data import digits_saccades, moving_bars, stream_directory, synthetic_shd
+from ._npy_files import available_memory
 from .models import recurrent_conv_snn
 from .training import NONFINITE, Trainer, checkpoint, run_dir
+from .training.trainer import data_fingerprint
 
 __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS',
            'SHD_CHANNELS', 'DEFAULT_CACHE_SIZE']
@@ -70,6 +77,12 @@ MODEL_DEFAULTS = {1: dict(kernel_size=7, pool=4), 2: dict(kernel_size=3, pool=1)
 SHD_CHANNELS = 700
 #: Samples whose frames a streamed dataset keeps in memory, unless --cache-size says.
 DEFAULT_CACHE_SIZE = 256
+#: Smallest frame (pixels per side) of each synthetic task that poses it: moving bars
+#: smaller than 4 x 4 give identical recordings for different directions; digits need
+#: room for a digit of 8 pixels.
+MIN_SIZE = {'moving-bars': 4, 'digits': 8}
+#: Largest --seed (the generators take 64-bit seeds).
+MAX_SEED = 2**63 - 1
 ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
 #: The options that define a run: stored with it, and equal on ``--resume``.
 RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'samples', 'size',
@@ -113,6 +126,12 @@ def _channels(text: str) -> tuple:
     return channels
 
 
+def _path(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError('expected a path, got an empty string')
+    return Path(text)
+
+
 def _sensor_size(text: str) -> tuple:
     try:
         size = tuple(int(c) for c in text.split(','))
@@ -143,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f'{rank}-D: ' + ', '.join(f'{k}={v}' for k, v in defaults.items())
                         for rank, defaults in MODEL_DEFAULTS.items()) + '.')
     train.add_argument('--task', choices=tuple(TASK_DEFAULTS), default='moving-bars')
-    train.add_argument('--data', type=Path, metavar='DIR',
+    train.add_argument('--data', type=_path, metavar='DIR',
                        help='events: directory with one sub-directory of event files per class')
     train.add_argument('--sensor-size', type=_sensor_size, metavar='X,Y,P',
                        help="events: sensor size in tonic's order, e.g. 700,1,1 (1-D, fields "
@@ -165,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--batch-size', type=int, default=32)
     train.add_argument('--seed', type=int, default=0,
                        help='seeds the data, the initial weights and the shuffling')
-    train.add_argument('--out', type=Path,
+    train.add_argument('--out', type=_path,
                        help='run directory (default runs/<task>-<algorithm>)')
     train.add_argument('--lr', type=float, default=5e-3,
                        help='peak Adam learning rate (cosine decay to 10%% of it)')
@@ -189,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help='truly online: optimiser step every K time steps '
                             '(default: once per batch of sequences)')
     train.add_argument('--loss', choices=('every-step', 'final'), default='every-step')
-    train.add_argument('--final-steps', type=int, default=1,
-                       help='with --loss final: number of last steps in the loss')
+    train.add_argument('--final-steps', type=int,
+                       help='with --loss final: number of last steps in the loss (default 1)')
     train.add_argument('--nonfinite', choices=NONFINITE, default='skip',
                        help='an update with a non-finite gradient is never applied: skip it '
                             '(counted, warned) or stop the run')
@@ -199,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     existing = train.add_mutually_exclusive_group()
     existing.add_argument('--resume', action='store_true',
                           help='continue the run in OUT from its last checkpoint (the run '
-                               'options must be those of the run)')
+                               'options must be those of the run; a larger --epochs extends '
+                               'a finished run)')
     existing.add_argument('--overwrite', action='store_true',
                           help='replace the run in OUT (otherwise a run there is an error)')
     train.add_argument('--quiet', action='store_true', help='no progress bar or epoch lines')
@@ -210,12 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
         help='evaluate a saved run on its test set',
         description='Rebuild the test set and model of a run written by "train", load its '
                     'parameters and report test loss, accuracy and spike rates.')
-    evaluate.add_argument('--run', type=Path, required=True, help='run directory')
+    evaluate.add_argument('--run', type=_path, required=True, help='run directory')
     evaluate.add_argument('--checkpoint', choices=tuple(run_dir.CHECKPOINTS),
                           help='which parameters (default: best if the run has it, else last)')
     evaluate.add_argument('--batch-size', type=int, default=64)
     evaluate.add_argument('--devices', type=int, metavar='N',
                           help='data-parallel devices (default: all of jax.devices())')
+    evaluate.add_argument('--allow-data-change', action='store_true',
+                          help='evaluate even if the test data differ from those the run was '
+                               'evaluated on (by default an error)')
     evaluate.set_defaults(usage=evaluate.format_usage())
     return parser
 
@@ -287,8 +310,14 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
                  'kernel_size', 'pool'):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             fail(f'{_option(name)} must be positive, got {getattr(args, name)}')
-    if args.seed < 0:
-        fail(f'--seed must be non-negative, got {args.seed}')
+    if not 0 <= args.seed <= MAX_SEED:
+        fail(f'--seed must lie in [0, {MAX_SEED}], got {args.seed}')
+    if args.task in MIN_SIZE and args.size < MIN_SIZE[args.task]:
+        fail(f'--size must be at least {MIN_SIZE[args.task]} for --task {args.task}, got '
+             f'{args.size}')
+    if args.task == 'moving-bars' and args.steps < 2:
+        fail(f'--steps must be at least 2 for --task moving-bars (a single frame is equally '
+             f'consistent with opposite directions), got {args.steps}')
     if args.update_every is not None and args.update_every <= 0:
         fail(f'--update-every must be positive, got {args.update_every}')
     if not (args.lr > 0 and math.isfinite(args.lr)):
@@ -301,6 +330,10 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
         fail(f'--decay must lie in (0, 1], got {args.decay}')
     if args.decay is not None and args.algorithm != 'es-d-rtrl':
         fail('--decay applies only to --algorithm es-d-rtrl')
+    if args.final_steps is not None and args.loss != 'final':
+        fail('--final-steps applies only with --loss final')
+    if args.final_steps is None:
+        args.final_steps = 1
     if args.loss == 'final' and args.final_steps > args.steps:
         fail(f'--final-steps ({args.final_steps}) exceeds --steps ({args.steps})')
     args.devices = _devices(args.devices, usage)
@@ -317,21 +350,6 @@ def _run_config(args) -> dict:
             for k, v in vars(args).items() if k in RUN_OPTIONS}
 
 
-def _available_memory() -> Optional[int]:
-    """Bytes of memory available to a new allocation (None if unknown)."""
-    try:
-        with open('/proc/meminfo') as f:
-            for line in f:
-                if line.startswith('MemAvailable:'):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _bytes(n: int) -> str:
     for unit in ('B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'):
         if n < 1024 or unit == 'PiB':
@@ -344,7 +362,7 @@ def _check_memory(samples: int, steps: int, frame_shape: tuple, remedy: str,
     """Refuse, before allocating it, a dataset that cannot fit in memory: its float32
     events ``samples x steps x frame``, held twice (the data and its split)."""
     need = 2 * 4 * samples * steps * math.prod(frame_shape)
-    available = _available_memory()
+    available = available_memory()
     if available is not None and need > available:
         frame = ' x '.join(map(str, frame_shape))
         raise UsageError(f'the dataset needs about {_bytes(need)} ({samples} samples x '
@@ -352,9 +370,26 @@ def _check_memory(samples: int, steps: int, frame_shape: tuple, remedy: str,
                          f'{_bytes(available)} of memory is available; {remedy}', usage)
 
 
+def _check_model_memory(args, frame_shape: tuple, num_classes: int, usage: str) -> None:
+    """Refuse, before building it, a model whose parameters (with their gradient and two
+    Adam moments, in float64 as they are drawn) cannot fit in memory."""
+    rank, channels = len(frame_shape) - 1, (frame_shape[0], *args.channels)
+    kernel = args.kernel_size ** rank
+    weights = sum(kernel * c_in * c_out for c_in, c_out in zip(channels, channels[1:]))
+    weights += sum(kernel * c * c for c in args.channels[1:])     # recurrent kernels
+    weights += args.channels[-1] * math.prod(frame_shape[1:]) * num_classes   # readout, at most
+    need, available = 4 * 8 * weights, available_memory()
+    if available is not None and need > available:
+        raise UsageError(f'the model needs about {_bytes(need)} for its {weights:.3g} weights '
+                         f'(with gradients and optimiser state) but {_bytes(available)} of '
+                         f'memory is available; lower --channels or --kernel-size', usage)
+
+
 def _dataset(args, usage: str):
     """The task's dataset, checked to fit in memory unless streamed."""
     if args.task == 'events':
+        # one recording's frames are built before anything else is known
+        _check_memory(1, args.steps, args.sensor_size, 'lower --sensor-size or --steps', usage)
         binning = dict(n_time_bins=args.steps)
         if args.window_us is not None:
             binning['time_window_us'] = args.window_us
@@ -393,6 +428,7 @@ def _setup(args, usage: str, *, train: bool = True):
     :class:`UsageError`."""
     try:
         data = _dataset(args, usage)
+        _check_model_memory(args, data.frame_shape, data.num_classes, usage)
         train_set, test_set = data.split(args.test_fraction, seed=args.seed)
         if args.batch_size > len(train_set):
             raise ValueError(f'--batch-size ({args.batch_size}) exceeds the {len(train_set)} '
@@ -423,7 +459,7 @@ def _shown(value) -> str:
 
 def _check_resume(args, usage: str) -> Optional[dict]:
     """The metadata of the run to resume, checked against the options; ``None`` with a
-    message if the run is already finished."""
+    message if the run is already finished (and nothing lags behind its last checkpoint)."""
     path = args.out / run_dir.LAST_CHECKPOINT
     try:
         _, meta = checkpoint.read(path)
@@ -431,31 +467,63 @@ def _check_resume(args, usage: str) -> Optional[dict]:
     except checkpoint.CheckpointError as error:
         raise UsageError(f'--resume: {error}', usage) from None
     differences = checkpoint.config_differences(stored, _run_config(args))
+    old_epochs = differences.get('epochs', (None,))[0]
+    if isinstance(old_epochs, int) and old_epochs <= args.epochs:
+        del differences['epochs']    # a longer run continues this one
     if differences:
         listed = ', '.join(f'{_option(k)} {_shown(old)} (now {_shown(new)})'
                            for k, (old, new) in differences.items())
         raise UsageError(f'--resume: the run in {args.out} was trained with other options: '
                          f'{listed}; give the same options, or another --out', usage)
-    if meta.get('epoch', 0) >= args.epochs:
+    if meta['epoch'] >= args.epochs:
+        lagging = run_dir.lagging(args.out, meta['epoch'], meta.get('best'))
+        if lagging:
+            print(f'the run in {args.out} is finished ({meta["epoch"]} epochs) but was '
+                  f'interrupted while writing its files; repairing {", ".join(lagging)}')
+            return meta
         print(f'the run in {args.out} is already finished ({meta["epoch"]}/{args.epochs} '
-              f'epochs); nothing to do. Evaluate it with: {PROG} evaluate --run {args.out}')
+              f'epochs); nothing to do. Evaluate it with: {PROG} evaluate --run {args.out}, '
+              f'or extend it with a larger --epochs')
         return None
+    if isinstance(old_epochs, int) and old_epochs < args.epochs:
+        print(f'extending the run in {args.out} from {old_epochs} to {args.epochs} epochs (the '
+              f'learning-rate schedule is stretched over {args.epochs} epochs from here on)')
     return meta
+
+
+def _out_error(args, error: Exception, usage: str) -> UsageError:
+    """A refused run directory as a user error naming the command-line options."""
+    if isinstance(error, FileExistsError):
+        found = ', '.join(run_dir.run_files(args.out))
+        return UsageError(f'--out {args.out} already holds a run ({found}); pass --resume to '
+                          f'continue it or --overwrite to replace it', usage)
+    if isinstance(error, FileNotFoundError):
+        return UsageError(f'--resume: {args.out} has no checkpoint ({run_dir.LAST_CHECKPOINT}) '
+                          f'to resume', usage)
+    return UsageError(f'--out: {error}', usage)
+
+
+def _remove_new_run(args) -> bool:
+    """After a new run failed before its first checkpoint: remove what it wrote (the
+    directory held no run before, or was to be replaced). Returns whether it did."""
+    if args.resume or (args.out / run_dir.LAST_CHECKPOINT).exists():
+        return False
+    try:
+        run_dir.create(args.out, overwrite=True)
+        if not args.out_existed and not any(args.out.iterdir()):
+            args.out.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def _train(args, usage: str, start: float) -> int:
     args = _resolve(args, usage)
+    args.out_existed = os.path.lexists(args.out)
     try:
         run_dir.check(args.out, resume=args.resume, overwrite=args.overwrite)
-    except FileExistsError:
-        found = ', '.join(run_dir.run_files(args.out))
-        raise UsageError(f'--out {args.out} already holds a run ({found}); pass --resume to '
-                         f'continue it or --overwrite to replace it', usage) from None
-    except FileNotFoundError:
-        raise UsageError(f'--resume: {args.out} has no checkpoint '
-                         f'({run_dir.LAST_CHECKPOINT}) to resume', usage) from None
-    except ValueError as error:
-        raise UsageError(f'--out: {error}', usage) from None
+    except (OSError, ValueError, run_dir.RunLockedError) as error:
+        raise _out_error(args, error, usage) from None
     if args.resume and _check_resume(args, usage) is None:
         return 0
     trainer, train, test = _setup(args, usage)
@@ -477,10 +545,18 @@ def _train(args, usage: str, start: float) -> int:
                     log_every=args.log_every)
     except checkpoint.CheckpointError as error:
         raise UsageError(f'--resume: {error}', usage) from None
+    except (FileExistsError, FileNotFoundError, run_dir.RunLockedError) as error:
+        raise _out_error(args, error, usage) from None   # another process came first
+    except (ValueError, TypeError) as error:    # bad data met while training (streamed files)
+        _remove_new_run(args)
+        raise UsageError(f'--data: {error}' if args.task == 'events' else str(error),
+                         usage) from None
     except KeyboardInterrupt:
         if trainer.epoch:
             hint = (f'epochs 1-{trainer.epoch} are saved in {args.out}; rerun with --resume and '
                     f'the same options to continue')
+        elif _remove_new_run(args):
+            hint = 'no epoch was completed, and nothing was kept'
         else:
             hint = 'no epoch was completed; rerun with --overwrite to start again'
         print(f'{PROG}: interrupted; {hint}', file=sys.stderr)
@@ -489,6 +565,9 @@ def _train(args, usage: str, start: float) -> int:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     metrics = trainer.write_logs(args.out, task=args.task, wall_time_s=wall,
                                  peak_rss_mb=peak_mb, num_train=len(train), num_test=len(test))
+    if trainer.step and trainer.skipped_updates == trainer.step:
+        warnings.warn(f'all {trainer.step} updates were skipped for non-finite values, so the '
+                      f'model did not learn; lower --lr (now {args.lr:g})', RuntimeWarning)
     print(f"test accuracy {metrics['test_accuracy']:.1%} | wall time {wall:.1f} s | "
           f"peak RSS {peak_mb:.0f} MB")
     return 0
@@ -507,14 +586,14 @@ def _evaluate(args, usage: str) -> int:
     if missing:
         raise UsageError(f'--run: {path} was not written by "{PROG} train" (its run options '
                          f'lack {", ".join(missing)})', usage)
-    # options a run of an earlier version did not store take their defaults
-    defaults = vars(build_parser().parse_args(['train', '--task', stored['task']]))
-    run = argparse.Namespace(**{k: stored.get(k, defaults[k]) for k in RUN_OPTIONS})
-    run.channels = tuple(run.channels)
-    run.cache_size = DEFAULT_CACHE_SIZE
-    _fill_model_defaults(run)
+    run = _stored_run(stored, path, usage)
     run.devices = _devices(args.devices, usage)
-    trainer, _, test = _setup(run, usage, train=False)
+    try:
+        trainer, _, test = _setup(run, usage, train=False)
+    except UsageError as error:
+        raise UsageError(f'--run: the data or model of the run in {path} cannot be rebuilt: '
+                         f'{error}', usage) from None
+    _check_test_data(test, meta, path, args.allow_data_change, usage)
     try:
         meta = trainer.load_params(path)
     except checkpoint.CheckpointError as error:
@@ -525,6 +604,45 @@ def _evaluate(args, usage: str) -> int:
           f'samples: test accuracy {result["accuracy"]:.1%}, test loss {result["loss"]:.4f}, '
           f'spike rates [{rates}]')
     return 0
+
+
+def _stored_run(stored: dict, path, usage: str) -> argparse.Namespace:
+    """The run options stored with a run, parsed and checked as the command line's are
+    (options an earlier version did not store take their defaults)."""
+    argv = ['train']
+    for key in RUN_OPTIONS:
+        value = stored.get(key)
+        if key == 'final_steps' and stored.get('loss') != 'final':
+            continue        # stored by every run, meaningful only with --loss final
+        if value is True:
+            argv.append(_option(key))
+        elif value is not None and value is not False:
+            shown = ','.join(map(str, value)) if isinstance(value, list) else value
+            argv.append(f'{_option(key)}={shown}')
+    try:
+        run = build_parser().parse_args(argv)
+        run.devices = 1     # checked against evaluate's own --devices afterwards
+        return _resolve(run, usage)
+    except UsageError as error:
+        raise UsageError(f'--run: the run options stored in {path} are not valid: {error}',
+                         usage) from None
+
+
+def _check_test_data(test, meta: dict, path, allow: bool, usage: str) -> None:
+    """Refuse (or, with ``allow``, warn about) a rebuilt test set other than the one the
+    run was evaluated on, by the fingerprint stored with it."""
+    stored = meta.get('fit', {}).get('eval_data')
+    if not isinstance(stored, dict):
+        return
+    now = data_fingerprint(test)
+    if stored == now:
+        return
+    message = (f'the test set rebuilt for the run in {path} ({now["samples"]} samples) differs '
+               f'from the one it was evaluated on ({stored.get("samples")} samples): its data '
+               f'changed since')
+    if not allow:
+        raise UsageError(f'--run: {message}; pass --allow-data-change to evaluate anyway', usage)
+    warnings.warn(f'{message}; evaluating anyway (--allow-data-change)', RuntimeWarning)
 
 
 def _run(argv: Optional[Sequence[str]], start: float) -> int:
@@ -557,6 +675,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except OSError as error:
         print(f'{PROG}: error: {error}', file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(f'{PROG}: error: out of memory; lower the sizes of the task or the model '
+              f'(--samples, --size, --steps, --channels, --batch-size)', file=sys.stderr)
         return 1
 
 

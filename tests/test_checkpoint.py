@@ -6,6 +6,7 @@ Refused checkpoints (crafted, corrupt, mismatched) are in test_training_bad_inpu
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -79,7 +80,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint(run, tmp_path, monkeypatc
         raise OSError(28, 'No space left on device')
 
     monkeypatch.setattr(os, 'fsync', disk_full)
-    with pytest.raises(OSError, match='No space left'):
+    with pytest.raises(OSError, match="No space left on device: '.*ckpt.npz'"):
         tr.save_checkpoint(path)
     monkeypatch.undo()
     assert path.read_bytes() == before and os.listdir(tmp_path) == ['ckpt.npz']
@@ -104,6 +105,94 @@ def test_tensorboard_events(run):
     pytest.importorskip('tensorboardX')
     events = os.listdir(run[0] / 'tensorboard')
     assert any(name.startswith('events.out.tfevents') for name in events)
+
+
+# ----------------------------------------------------------------------------- repair, extend, lock
+def fit(tr, data, out, epochs, **kwargs):
+    kwargs.setdefault('run_config', dict(epochs=epochs))
+    return tr.fit(data[0], epochs=epochs, batch_size=12, eval_dataset=data[1], out_dir=out,
+                  progress=False, tensorboard=False, **kwargs)
+
+
+def test_resume_repairs_what_a_run_killed_after_its_last_checkpoint_left(data, tmp_path):
+    out = tmp_path / 'run'
+    fit(trainer(), data, out, 1)
+    intact = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    # killed between the last and the best checkpoint writes, before metrics and the curve
+    (out / BEST_CHECKPOINT).unlink()
+    (out / 'metrics.json').write_text('{"epochs_completed": 0}')
+    (out / 'learning_curve.png').unlink()
+    (out / '.checkpoint-best.npz.x1y2.tmp').write_bytes(b'partial')
+    assert bc.training.run_dir.lagging(out, 1, checkpoint.read(out / LAST_CHECKPOINT)[1]['best']) \
+        == [BEST_CHECKPOINT, 'metrics.json', 'learning_curve.png', '.checkpoint-best.npz.x1y2.tmp']
+    tr = trainer(seed=7)
+    fit(tr, data, out, 1, resume=True)
+    assert sorted(os.listdir(out)) == sorted(intact)
+    assert (out / BEST_CHECKPOINT).read_bytes() == intact[LAST_CHECKPOINT]
+    assert json.loads((out / 'metrics.json').read_text())['epochs_completed'] == 1
+    assert bc.training.run_dir.lagging(out, 1, tr.best) == []
+
+
+def test_a_larger_epochs_continues_a_finished_run(data, tmp_path):
+    fit(trainer(), data, tmp_path / 'straight', 2)
+    fit(trainer(), data, tmp_path / 'extended', 1)
+    # a damaged scalars.csv (bytes that are not UTF-8) loses only its damaged rows
+    with open(tmp_path / 'extended' / SCALARS_NAME, 'ab') as f:
+        f.write(b'\xff\xfe,\x80\n')
+    fit(trainer(seed=7), data, tmp_path / 'extended', 2, resume=True)
+    a, meta_a = checkpoint.read(tmp_path / 'straight' / LAST_CHECKPOINT)
+    b, meta_b = checkpoint.read(tmp_path / 'extended' / LAST_CHECKPOINT)
+    for name in a:                   # a constant learning rate: bitwise the uninterrupted run
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert meta_b['epoch'] == 2 and meta_b['run'] == dict(epochs=2)
+    assert scalars(tmp_path / 'straight') == scalars(tmp_path / 'extended')
+    with pytest.raises(bc.training.ConfigMismatchError, match='epochs: 2 in the checkpoint, 1 now'):
+        fit(trainer(seed=7), data, tmp_path / 'extended', 3, resume=True,
+            run_config=dict(epochs=1))
+
+
+HOLD_LOCK = ('import sys, time\n'
+             'from braintrace_conv.training import run_dir\n'
+             'with run_dir.locked(sys.argv[1]):\n'
+             '    print("locked", flush=True)\n'
+             '    time.sleep(120)\n')
+
+
+def test_a_run_directory_is_locked_while_a_process_writes_in_it(run, data, tmp_path):
+    out = tmp_path / 'run'
+    shutil.copytree(run[0], out)
+    holder = subprocess.Popen([sys.executable, '-c', HOLD_LOCK, str(out)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'locked\n'
+        before = {p: p.read_bytes() for p in out.rglob('*') if p.is_file()}
+        for flags in (dict(resume=True), dict(overwrite=True), {}):
+            with pytest.raises(bc.training.run_dir.RunLockedError,
+                               match=f'run is in use: another process \\(pid {holder.pid}\\) is '
+                                     f'writing a run in it'):
+                fit(trainer(seed=3), data, out, 4, **flags)
+            assert {p: p.read_bytes() for p in out.rglob('*') if p.is_file()} == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # the lock file of the killed holder remains, with its pid: it is stale and taken over
+    assert (out / '.lock').read_text().strip() == str(holder.pid)
+    fit(trainer(seed=3), data, out, 1, overwrite=True)
+    assert not (out / '.lock').exists()
+
+
+def test_overwrite_removes_links_never_their_targets(run, data, tmp_path):
+    out, elsewhere = tmp_path / 'run', tmp_path / 'elsewhere'
+    shutil.copytree(run[0], out, ignore=shutil.ignore_patterns('tensorboard'))
+    elsewhere.mkdir()
+    (elsewhere / 'keep.txt').write_text('not the run\'s')
+    (out / 'tensorboard').symlink_to(elsewhere)
+    (out / 'metrics.json').unlink()
+    (out / 'metrics.json').symlink_to(elsewhere / 'keep.txt')
+    fit(trainer(seed=3), data, out, 1, overwrite=True)
+    assert (elsewhere / 'keep.txt').read_text() == 'not the run\'s'
+    assert os.listdir(elsewhere) == ['keep.txt']
+    assert not (out / 'tensorboard').exists() and not (out / 'metrics.json').is_symlink()
 
 
 # ----------------------------------------------------------------------------- kill and resume

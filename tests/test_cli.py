@@ -4,6 +4,9 @@ User errors (one line, exit code 2, nothing written) are in test_cli_bad_inputs.
 """
 import json
 import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -87,7 +90,7 @@ def test_overwrite_replaces_the_run(run, tmp_path):
 
 
 @pytest.mark.parametrize('epochs_done, hint', [
-    (0, 'no epoch was completed; rerun with --overwrite to start again'),
+    (0, 'no epoch was completed, and nothing was kept'),
     (2, 'epochs 1-2 are saved in .*; rerun with --resume and the same options to continue'),
 ])
 def test_interrupt_says_how_to_continue(tmp_path, capsys, monkeypatch, epochs_done, hint):
@@ -101,6 +104,8 @@ def test_interrupt_says_how_to_continue(tmp_path, capsys, monkeypatch, epochs_do
     assert main(['train', *TINY, '--out', str(tmp_path)]) == 130
     err = capsys.readouterr().err
     assert re.fullmatch(f'braintrace-conv: interrupted; {hint}\n', err), err
+    if not epochs_done:     # the run left nothing behind: no --overwrite needed to rerun
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_help_and_version(capsys):
@@ -119,3 +124,95 @@ def test_default_run_reaches_target_accuracy(tmp_path, task, target):
     metrics = json.loads((tmp_path / 'metrics.json').read_text())
     assert metrics['test_accuracy'] >= target
     assert metrics['wall_time_s'] < 600
+
+
+def error_line(capsys) -> str:
+    """The one error line of a refused command (after its usage line), with no traceback."""
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err
+    usage, error = err.rstrip('\n').split('\n')
+    assert usage.startswith('usage: braintrace-conv') and error.startswith('braintrace-conv: ')
+    return error
+
+
+def copy_of(run, out):
+    shutil.copytree(run, out, ignore=shutil.ignore_patterns('tensorboard'))
+    return out
+
+
+def test_resume_repairs_an_interrupted_end_and_extends_a_finished_run(run, tmp_path, capsys):
+    out = copy_of(run, tmp_path / 'run')
+    metrics = (out / 'metrics.json').read_bytes()
+    (out / 'metrics.json').unlink()                 # killed before its final metrics write
+    (out / '.checkpoint-last.npz.abcd.tmp').write_bytes(b'partial')
+    capsys.readouterr()
+    assert main(['train', *TINY, '--out', str(out), '--resume']) == 0
+    assert 'was interrupted while writing its files; repairing metrics.json, ' \
+           '.checkpoint-last.npz.abcd.tmp' in capsys.readouterr().out
+    assert json.loads((out / 'metrics.json').read_bytes())['history'] == \
+        json.loads(metrics)['history']
+    assert not (out / '.checkpoint-last.npz.abcd.tmp').exists()
+    epochs = TINY.index('--epochs') + 1
+    longer = [*TINY[:epochs], '2', *TINY[epochs + 1:]]
+    assert main(['train', *longer, '--out', str(out), '--resume']) == 0
+    assert 'extending the run in' in capsys.readouterr().out
+    meta = checkpoint.read(out / LAST_CHECKPOINT)[1]
+    assert meta['epoch'] == 2 and meta['run']['epochs'] == 2
+    assert main(['train', *longer, '--out', str(out), '--resume']) == 0
+    assert 'already finished (2/2 epochs)' in capsys.readouterr().out
+    assert main(['train', *TINY, '--out', str(out), '--resume']) == 2     # fewer: another run
+    assert 'other options: --epochs 2 (now 1)' in error_line(capsys)
+
+
+def test_a_locked_run_directory_names_its_holder(run, tmp_path, capsys):
+    out = copy_of(run, tmp_path / 'run')
+    hold = ('import sys, time\nfrom braintrace_conv.training import run_dir\n'
+            'with run_dir.locked(sys.argv[1]):\n    print("locked", flush=True)\n'
+            '    time.sleep(120)\n')
+    holder = subprocess.Popen([sys.executable, '-c', hold, str(out)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == 'locked\n'
+        for flag in ('--resume', '--overwrite'):
+            assert main(['train', *TINY, '--out', str(out), flag]) == 2
+            assert re.search(rf'--out: .*run is in use: another process \(pid {holder.pid}\) is '
+                             rf'writing a run in it', error_line(capsys))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (out / LAST_CHECKPOINT).read_bytes() == (run / LAST_CHECKPOINT).read_bytes()
+
+
+def test_evaluate_checks_the_stored_options(run, tmp_path, capsys):
+    arrays, meta = checkpoint.read(run / LAST_CHECKPOINT)
+    for change, match in [
+            (dict(samples=-5), r'--run: the run options stored in .* are not valid: --samples '
+                               r'must be positive, got -5'),
+            (dict(task='cifar'), r"not valid: argument --task: invalid choice: 'cifar'"),
+            (dict(channels='x'), r'not valid: argument --channels: expected comma-separated')]:
+        out = tmp_path / 'forged'
+        out.mkdir(exist_ok=True)
+        checkpoint.write(out / LAST_CHECKPOINT, arrays, dict(meta, run=dict(meta['run'],
+                                                                             **change)))
+        assert main(['evaluate', '--run', str(out)]) == 2
+        error = error_line(capsys)
+        assert re.search(match, error), error
+    # a batch larger than the test set is only as large as the test set
+    assert main(['evaluate', '--run', str(run), '--batch-size', '1000000000']) == 0
+
+
+def test_an_impossible_learning_rate_is_named(tmp_path):
+    # in float32 (the default; the suite runs in float64) every update overflows
+    done = subprocess.run([sys.executable, '-m', 'braintrace_conv.cli', 'train', *TINY, '--lr',
+                           '1e300', '--out', str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr
+    assert re.search(r'warning: all \d+ updates were skipped for non-finite values, so the model '
+                     r'did not learn; lower --lr \(now 1e\+300\)', done.stderr), done.stderr
+
+
+def test_progress_off_a_terminal_is_plain_lines(tmp_path, capsys):
+    argv = ['train', *[a for a in TINY if a != '--quiet'], '--out', str(tmp_path)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert '\r' not in captured.err + captured.out
+    assert re.search(r'^epoch 1/1: train loss .*\n', captured.out, re.M)

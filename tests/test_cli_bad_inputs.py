@@ -3,6 +3,7 @@ code 2, no traceback, and nothing on disk created or changed."""
 import hashlib
 import os
 import re
+import shutil
 
 import pytest
 
@@ -28,13 +29,22 @@ def root(tmp_path_factory):
     (root / 'file').write_text('not a directory')
     (root / 'pickle').mkdir()
     (root / 'pickle' / LAST_CHECKPOINT).write_bytes(b'\x80\x04N.')
+    (root / 'dangling').symlink_to(root / 'nowhere')
+    shutil.copytree(root / 'run', root / 'linked', ignore=shutil.ignore_patterns('tensorboard'))
+    (root / 'outside').mkdir()
+    (root / 'linked' / 'tensorboard').symlink_to(root / 'outside')
     return root
 
 
 def files_of(directory) -> dict:
-    return {os.path.relpath(os.path.join(r, f), directory):
-            hashlib.sha256(open(os.path.join(r, f), 'rb').read()).hexdigest()
-            for r, _, names in os.walk(directory) for f in names}
+    """Every file's content digest (a link's target) under ``directory``, links unfollowed."""
+    def content(path):
+        if os.path.islink(path):
+            return 'link to ' + os.readlink(path)
+        return hashlib.sha256(open(path, 'rb').read()).hexdigest()
+    return {os.path.relpath(os.path.join(r, f), directory): content(os.path.join(r, f))
+            for r, dirs, names in os.walk(directory) for f in names + dirs
+            if os.path.islink(os.path.join(r, f)) or f in names}
 
 
 TRAIN = ['train', *TINY]
@@ -62,7 +72,23 @@ CASES = [
      r'--final-steps \(30\) exceeds --steps \(20\)'),
     (['train', '--update-every', '0'], '--update-every must be positive, got 0'),
     (['train', '--log-every', '0'], '--log-every must be positive, got 0'),
-    (['train', '--seed', '-1'], '--seed must be non-negative, got -1'),
+    (['train', '--seed', '-1'], r'--seed must lie in \[0, 9223372036854775807\], got -1'),
+    (['train', '--seed', '18446744073709551616'],
+     r'--seed must lie in \[0, 9223372036854775807\], got 18446744073709551616'),
+    (['train', '--size', '1'], '--size must be at least 4 for --task moving-bars, got 1'),
+    (['train', '--task', 'digits', '--size', '4'],
+     '--size must be at least 8 for --task digits, got 4'),
+    (['train', '--steps', '1'], '--steps must be at least 2 for --task moving-bars'),
+    (['train', '--final-steps', '3'], '--final-steps applies only with --loss final'),
+    (['train', '--out', ''], 'argument --out: expected a path, got an empty string'),
+    (['train', '--out', ' '], 'argument --out: expected a path, got an empty string'),
+    (['train', '--task', 'events', '--data', '', '--sensor-size', '34,34,2'],
+     'argument --data: expected a path, got an empty string'),
+    ([*TRAIN, '--channels', '2000000,2000000'],
+     r'the model needs about .* PiB for its .* weights .*; lower --channels or --kernel-size'),
+    (['train', '--task', 'events', '--data', '{empty}', '--sensor-size', '1000000,1000000,2'],
+     r'the dataset needs about .* \(1 samples x 20 steps x 1000000 x 1000000 x 2 float32.*'
+     r'lower --sensor-size or --steps'),
     (['train', '--nonfinite', 'ignore'], "argument --nonfinite: invalid choice: 'ignore'"),
     (['train', '--devices', '0'], '--devices must be positive, got 0'),
     (['train', '--devices', '2'], r'--devices 2 exceeds the 1 available cpu device\(s\); on a '
@@ -97,11 +123,17 @@ CASES = [
     ([*TRAIN, '--out', '{corrupt}', '--resume'], '--resume: .* is corrupt'),
     ([*TRAIN, '--out', '{pickle}', '--resume'], '--resume: .* never unpickled'),
     ([*TRAIN, '--out', '{file}'], '--out: .*file exists and is not a directory'),
+    ([*TRAIN, '--out', '{dangling}'],
+     '--out: .*dangling is a symbolic link to .*nowhere, which does not exist'),
+    ([*TRAIN, '--out', '{linked}', '--resume'],
+     r'--out: .*linked holds symbolic links among its run files \(tensorboard\); run files '
+     r'are never written through links'),
     ([*TRAIN, '--out', '/proc/no-such-dir/run'],
      '--out /proc/no-such-dir/run cannot be written: No such file or directory'),
     # evaluate
     (['evaluate'], 'the following arguments are required: --run'),
     (['evaluate', '--run', '{empty}'], r'--run: .*empty holds no checkpoint'),
+    (['evaluate', '--run', ''], 'argument --run: expected a path, got an empty string'),
     (['evaluate', '--run', '{root}/absent'], r'--run: no checkpoint at .*absent'),
     (['evaluate', '--run', '{corrupt}'], '--run: .* is corrupt'),
     (['evaluate', '--run', '{run}', '--checkpoint', 'worst'],
@@ -113,7 +145,8 @@ CASES = [
 
 @pytest.mark.parametrize('argv, match', CASES)
 def test_user_error_is_one_line_and_changes_nothing(root, capsys, argv, match):
-    paths = {name: str(root / name) for name in ('run', 'corrupt', 'empty', 'file', 'pickle')}
+    paths = {name: str(root / name) for name in ('run', 'corrupt', 'empty', 'file', 'pickle',
+                                                 'dangling', 'linked')}
     argv = [a.format(root=root, **paths) for a in argv]
     if argv[:1] == ['train'] and '--out' not in argv:
         argv += ['--out', str(root / 'new')]

@@ -3,6 +3,7 @@ over 700 channels) and directories of tonic-format event files, 1-D and 2-D, in 
 streamed; and their user errors (one line, exit code 2, nothing written)."""
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -133,3 +134,58 @@ def test_event_user_error_is_one_line(recordings, tmp_path, capsys, extra, match
     assert usage.startswith('usage: braintrace-conv') and captured.out == ''
     assert re.search(match, error), error
     assert not (tmp_path / 'new').exists()
+
+
+def copied(recordings, tmp_path, sensor='audio'):
+    data = tmp_path / 'data'
+    shutil.copytree(recordings / sensor, data)
+    return data
+
+
+def one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    assert 'Traceback' not in captured.err
+    usage, error = captured.err.rstrip('\n').split('\n')
+    assert usage.startswith('usage: braintrace-conv')
+    return error
+
+
+@pytest.mark.parametrize('write, match', [
+    (lambda p: p.write_bytes(np.random.default_rng(0).bytes(200)), 'is not a NumPy .npy array'),
+    (lambda p: np.save(p, np.array([1, None], dtype=object), allow_pickle=True),
+     r'holds Python objects \(dtype object\), which are never loaded'),
+    (lambda p: np.save(p, np.array([(5, 40, 1)], AUDIO)),
+     r"events field 'x' must lie in \[0, 32\) for this sensor_size"),
+])
+def test_a_bad_streamed_file_is_one_line_and_leaves_no_run(recordings, tmp_path, capsys, write,
+                                                           match):
+    data = copied(recordings, tmp_path)
+    bad = data / 'up' / '011.npy'       # the last file: streaming reads it only in a batch
+    write(bad)
+    out = tmp_path / 'run'
+    assert main(['train', '--task', 'events', '--data', str(data), '--sensor-size', '32,1,1',
+                 '--stream', *TINY, '--batch-size', '18', '--out', str(out)]) == 2
+    error = one_error_line(capsys)
+    assert str(bad) in error and re.search(match, error), error
+    assert not out.exists()      # nothing to --overwrite before the rerun
+
+
+def test_evaluate_refuses_data_that_changed_since_the_run(recordings, tmp_path, capsys):
+    data = copied(recordings, tmp_path)
+    out = tmp_path / 'run'
+    assert main(['train', '--task', 'events', '--data', str(data), '--sensor-size', '32,1,1',
+                 *TINY, '--out', str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    (data / 'down').rename(data / 'tmp')         # the classes swapped: every label changes
+    (data / 'up').rename(data / 'down')
+    (data / 'tmp').rename(data / 'up')
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(out)]) == 2
+    assert re.search(r'--run: the test set rebuilt for the run in .* \(6 samples\) differs from '
+                     r'the one it was evaluated on \(6 samples\): its data changed since; pass '
+                     r'--allow-data-change to evaluate anyway', one_error_line(capsys))
+    assert main(['evaluate', '--run', str(out), '--allow-data-change']) == 0
+    captured = capsys.readouterr()
+    assert 'evaluating anyway (--allow-data-change)' in captured.err
+    assert 'test accuracy' in captured.out
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pickle
+import zipfile
 
 import brainstate
 import jax
@@ -486,3 +487,137 @@ def test_resume_refuses_another_configuration(run, data, change, match):
                                resume=True, run_config=change.get('run_config'),
                                progress=False),
             ConfigMismatchError, match, out)
+
+
+# ----------------------------------------------------------------------------- hostile checkpoints
+def forged(run, tmp_path, meta_text: bytes, edit=None):
+    """The run's last checkpoint re-written with the raw metadata ``meta_text`` (and
+    ``edit(entries)``) under a recomputed digest: what only the schema checks can refuse."""
+    arrays, _ = checkpoint.read(run[0] / LAST_CHECKPOINT)
+    entries = dict(arrays, __meta__=np.frombuffer(meta_text, np.uint8))
+    if edit is not None:
+        edit(entries)
+    entries['__sha256__'] = np.frombuffer(checkpoint._digest(entries).encode(), np.uint8)
+    path = tmp_path / 'forged.npz'
+    with open(path, 'wb') as f:
+        np.savez(f, **entries)
+    return path
+
+
+@pytest.mark.parametrize('edit, match', [
+    (lambda a, m: m.pop('epoch'), "lacks a valid 'epoch' entry"),
+    (lambda a, m: m.update(epoch=-1), r'epoch = -1 in its metadata; it must lie in \[0, inf\]'),
+    (lambda a, m: m.update(epoch=10**30), 'invalid history: 10{30} epoch'),
+    (lambda a, m: m.update(history=[1, 2]), 'invalid history'),
+    (lambda a, m: m.update(skipped_updates=-5), 'skipped_updates = -5'),
+    (lambda a, m: m.update(rng=None), 'invalid generator states: the shuffling generator is '
+                                      'None after 3 update'),
+    (lambda a, m: m.update(best=dict(epoch=4, test_accuracy=0.5)), 'invalid best entry'),
+    (lambda a, m: m.update(devices=0), r'devices = 0 in its metadata; it must lie in \[1, inf\]'),
+    (lambda a, m: a['param/fc.weight'].__setitem__((0, 0), np.nan),
+     r'non-finite values \(NaN or infinity\) in param/fc.weight'),
+    (lambda a, m: a['opt/1'].fill(np.inf), 'non-finite values .* in opt/1'),
+])
+def test_metadata_schema_is_checked_before_use(run, tmp_path, edit, match):
+    def copy_and_edit(arrays, meta):
+        for name in arrays:
+            arrays[name] = np.array(arrays[name])
+        edit(arrays, meta)
+    path = rewritten(run, tmp_path, copy_and_edit)
+    tr = trainer(seed=9)
+    refused(tr, lambda: tr.restore_checkpoint(path), CheckpointError, match, tmp_path)
+    refused(tr, lambda: tr.load_params(path), CheckpointError, match, tmp_path)
+
+
+def test_hostile_archives_are_checkpoint_errors(run, tmp_path):
+    tr = trainer(seed=9)
+    deep = b'{"format": "%s", "run": ' % checkpoint.FORMAT.encode() + b'[' * 200_000 \
+        + b']' * 200_000 + b'}'
+    path = forged(run, tmp_path, deep)
+    refused(tr, lambda: tr.restore_checkpoint(path), CheckpointError,
+            'metadata nested deeper than 32 levels', tmp_path)
+    # an entry whose header declares 10^14 floats: refused before anything is allocated
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000000,), }"
+    header += b' ' * (117 - len(header)) + b'\n'
+    path = tmp_path / 'huge.npz'
+    with zipfile.ZipFile(path, 'w') as archive:
+        archive.writestr('param/fc.weight.npy', b'\x93NUMPY\x01\x00\x76\x00' + header + b'\0' * 8)
+    refused(tr, lambda: tr.restore_checkpoint(path), CheckpointError,
+            r"entry 'param/fc.weight.npy' declares 100000000000000 elements of float32 "
+            r'\(400000000000000 bytes\) but holds 8 bytes', tmp_path)
+    # a compression method the zip reader does not implement (a flipped method byte)
+    good = bytearray((run[0] / LAST_CHECKPOINT).read_bytes())
+    central = good.index(b'PK\x01\x02')
+    good[central + 10] = 99
+    path = tmp_path / 'method.npz'
+    path.write_bytes(bytes(good))
+    refused(tr, lambda: tr.restore_checkpoint(path), CheckpointError,
+            'uses zip compression method 99; only stored and deflated', tmp_path)
+
+
+def test_extension_dtypes_round_trip_bitwise(tmp_path):
+    import ml_dtypes
+    rng = np.random.default_rng(0)
+    arrays = {'param/bf16': rng.normal(size=(3, 4)).astype(ml_dtypes.bfloat16),
+              'param/f8': rng.normal(size=5).astype(ml_dtypes.float8_e4m3fn),
+              'param/i4': np.arange(-8, 8).astype(ml_dtypes.int4),
+              'param/f32': rng.normal(size=2).astype(np.float32)}
+    meta = dict(epoch=0, step=0, skipped_updates=0, history=[], rng=None)
+    checkpoint.write(tmp_path / 'c.npz', arrays, meta)
+    got, got_meta = checkpoint.read(tmp_path / 'c.npz')
+    assert got.keys() == arrays.keys()
+    for name, a in arrays.items():
+        assert got[name].dtype == a.dtype and got[name].tobytes() == a.tobytes(), name
+    assert got_meta['dtypes'] == {'param/bf16': 'bfloat16', 'param/f8': 'float8_e4m3fn',
+                                  'param/i4': 'int4'}
+
+
+def test_a_bfloat16_model_is_saved_and_restored_bitwise(tmp_path):
+    def bf16_trainer():
+        m = model()
+        for st in m.states(brainstate.ParamState).values():
+            st.value = jax.tree.map(lambda v: v.astype(jnp.bfloat16), st.value)
+        return Trainer(bc.BPTT(m), optax.adam(1e-2))
+    tr = bf16_trainer()
+    tr.fit(moving_bars(16, T=4, size=SIZE, seed=0), epochs=1, batch_size=8, progress=False)
+    tr.save_checkpoint(tmp_path / 'bf16.npz')
+    restored = bf16_trainer()
+    restored.restore_checkpoint(tmp_path / 'bf16.npz')
+    assert_same(state_of(tr), state_of(restored))
+    assert {np.asarray(v).dtype for v in restored._view.mantissas().values()} == \
+        {np.dtype(jnp.bfloat16)}
+
+
+# ----------------------------------------------------------------------------- executor misuse
+def _label_loss(output, label):
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(output, label))
+
+
+@pytest.mark.parametrize('call, error, match', [
+    (lambda l, xs, ys: l.advance(_label_loss, xs, ys), RuntimeError,
+     r'advance\(\) continues an online run: call reset\(batch_size\) first'),
+    (lambda l, xs, ys: (l.reset(2), l.advance(_label_loss, xs[:, :1], ys[:, :1])), ValueError,
+     r'advance\(\) got xs with batch size 1, but the run was started for 2 sequences; call '
+     r'reset\(1\)'),
+    (lambda l, xs, ys: l.value_and_grad(_label_loss, xs, np.zeros((3, 3), np.int32)),
+     ValueError, r"loss_fn\(output_t, target_t\) fails for one step's model output \(\(2, 8\), "
+                 r"'float64'\) and target \(\(3,\), 'int32'\)"),
+    (lambda l, xs, ys: l.reset(1.5), ValueError, r'reset\(batch_size\) takes a positive int'),
+])
+def test_executor_misuse_gets_a_sentence(call, error, match):
+    m = model()
+    learner = bc.ES_D_RTRL(m, m.membrane_decay())
+    xs = (np.random.default_rng(0).random((3, 2, 2) + SIZE) < 0.3).astype(np.float64)
+    ys = np.zeros((3, 2), np.int32)
+    with pytest.raises(error, match=match):
+        call(learner, xs, ys)
+
+
+def test_bfloat16_inputs_are_accepted():
+    import ml_dtypes
+    tr = trainer()
+    xs = (np.random.default_rng(0).random((T, 4, 2) + SIZE) < 0.3)
+    labels = np.arange(4) % K
+    loss_bf16, _ = tr.value_and_grad(xs.astype(ml_dtypes.bfloat16), labels)
+    loss_f64, _ = tr.value_and_grad(xs.astype(np.float64), labels)
+    assert loss_bf16 == loss_f64      # 0/1 events are exact in bfloat16

@@ -17,11 +17,14 @@ dataset need the same number of time steps, so give ``n_time_bins``.
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from .._npy_files import npy_entries, npy_header, read_npy, read_npz
 from .dataset import EventDataset
 from .frames import _binning
 from .streaming import StreamingEventDataset
@@ -190,23 +193,113 @@ def stream_tonic(
     )
 
 
+def _is_event_file(path: Path) -> bool:
+    return path.suffix.lower() in _FILE_SUFFIXES
+
+
+def _events_entry(path: Path, names) -> str:
+    """The name of the event array among the arrays ``names`` of an ``.npz`` file."""
+    names = list(names)
+    if "events" in names:
+        return "events"
+    if len(names) == 1:
+        return names[0]
+    raise ValueError(
+        f"{path} must hold an array named 'events' or exactly one array, got {names}"
+    )
+
+
 def load_event_file(path: str | Path) -> np.ndarray:
     """Structured event array stored in a ``.npy`` or ``.npz`` file.
 
     An ``.npz`` file holds it under the key ``events`` or as its only array.
+    The extension is matched case-insensitively. The file's header is checked
+    before any array is allocated (declared size against the bytes present,
+    no Python objects, which are never unpickled), and every error names
+    the file.
+
+    Raises:
+      ValueError: the file is not a readable ``.npy``/``.npz`` array file.
+      OSError: the file cannot be opened.
     """
     path = Path(path)
-    if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False)
-    with np.load(path, allow_pickle=False) as archive:
-        keys = archive.files
-        if "events" in keys:
-            return archive["events"]
-        if len(keys) == 1:
-            return archive[keys[0]]
-    raise ValueError(
-        f"{path} must hold an array named 'events' or exactly one array, got {keys}"
-    )
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        return read_npy(path)
+    if suffix != ".npz":
+        raise ValueError(f"{path}: expected a .npy or .npz event file")
+    arrays = read_npz(path)
+    return arrays[_events_entry(path, arrays)]
+
+
+def _event_count(path: Path) -> int:
+    """Number of events in an event file, from its headers (nothing else is read)."""
+    if path.suffix.lower() == ".npy":
+        shape, dtype = npy_header(path)
+    else:
+        entries = {name: (shape, dtype) for name, shape, dtype in npy_entries(path)}
+        shape, dtype = entries[_events_entry(path, entries)]
+    if dtype.names is None or len(shape) != 1:
+        raise ValueError(
+            f"{path} holds a {dtype} array of shape {shape}; expected a one-dimensional "
+            "structured event array with fields t, x[, y[, z]], p"
+        )
+    return shape[0]
+
+
+def _list_directory(root: Path) -> tuple[list, list]:
+    """``(class directories, files per class)`` of a dataset directory, listed deliberately.
+
+    Hidden entries (names starting with ``.``, e.g. ``.ipynb_checkpoints``) are
+    skipped. Errors: no class directory, a single one, or a class without event
+    files. One-line warnings with the count: event files not directly in a
+    class directory (ignored), and entries that link outside ``root`` (read).
+    """
+    def visible(directory):
+        return sorted(p for p in directory.iterdir() if not p.name.startswith("."))
+
+    inside = root.resolve()
+    class_dirs = [p for p in visible(root) if p.is_dir()]
+    misplaced = [p for p in visible(root) if p.is_file() and _is_event_file(p)]
+    outside, files = [], []
+    for class_dir in class_dirs:
+        entries = visible(class_dir)
+        files.append([p for p in entries if p.is_file() and _is_event_file(p)])
+        if not class_dir.resolve().is_relative_to(inside):
+            outside.append(class_dir)
+        else:
+            outside += [f for f in files[-1] if not f.resolve().is_relative_to(inside)]
+        for sub in (p for p in entries if p.is_dir()):
+            for folder, dirs, names in os.walk(sub):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                misplaced += [Path(folder, n) for n in names
+                              if not n.startswith(".") and _is_event_file(Path(n))]
+    if not any(files):
+        raise ValueError(
+            f"no .npy or .npz files found in the class sub-directories of {str(root)!r}"
+        )
+    empty = [d.name for d, f in zip(class_dirs, files) if not f]
+    if empty:
+        raise ValueError(
+            f"{len(empty)} of the {len(class_dirs)} class directories of {root} hold no "
+            f".npy or .npz event files: {', '.join(empty)}; remove them or add recordings"
+        )
+    if len(class_dirs) < 2:
+        raise ValueError(
+            f"{root} holds a single class directory ({class_dirs[0].name}); a classifier "
+            "needs one sub-directory of event files per class, at least two"
+        )
+    if misplaced:
+        warnings.warn(
+            f"{len(misplaced)} event file(s) in {root} are not directly in a class "
+            f"directory and are ignored (e.g. {misplaced[0]})", UserWarning, stacklevel=3
+        )
+    if outside:
+        warnings.warn(
+            f"{len(outside)} entries of {root} link to outside it and are read (e.g. "
+            f"{outside[0]} -> {outside[0].resolve()})", UserWarning, stacklevel=3
+        )
+    return class_dirs, files
 
 
 def stream_directory(
@@ -224,8 +317,16 @@ def stream_directory(
     :func:`events_to_frames` (an ``.npz`` file holds it under the key
     ``events`` or as its only array). Class names are sorted alphabetically
     and numbered from 0; files within a class are read in sorted order.
-    Only the file list is read up front (and the first file, for the
-    frame shape).
+    Only the file list and the files' headers are read up front (and the
+    first file, for the frame shape).
+
+    The directory is listed deliberately: hidden entries (``.name``, e.g.
+    ``.ipynb_checkpoints``) are skipped and extensions match in any case. A
+    class directory without event files, a single class, files that are not
+    structured event arrays, or only empty recordings are errors; empty
+    recordings among others, event files at another depth (ignored) and
+    entries linking outside ``root`` (read) are each one warning with their
+    count.
 
     Parameters
     ----------
@@ -250,17 +351,16 @@ def stream_directory(
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"root must be an existing directory, got {str(root)!r}")
-    class_dirs = sorted(p for p in root.iterdir() if p.is_dir())
-    files, labels = [], []
-    for label, class_dir in enumerate(class_dirs):
-        class_files = sorted(
-            p for p in class_dir.iterdir() if p.is_file() and p.suffix in _FILE_SUFFIXES
-        )
-        files += class_files
-        labels += [label] * len(class_files)
-    if not files:
-        raise ValueError(
-            f"no .npy or .npz files found in the class sub-directories of {str(root)!r}"
+    class_dirs, class_files = _list_directory(root)
+    files = [f for found in class_files for f in found]
+    labels = [label for label, found in enumerate(class_files) for _ in found]
+    empty = [f for f in files if _event_count(f) == 0]
+    if len(empty) == len(files):
+        raise ValueError(f"every event file in {root} is empty (holds no events)")
+    if empty:
+        warnings.warn(
+            f"{len(empty)} of the {len(files)} event files in {root} hold no events "
+            f"(e.g. {empty[0]}); they give all-zero frames", UserWarning, stacklevel=2
         )
     return StreamingEventDataset(
         files,

@@ -70,7 +70,14 @@ class _Source:
 
     def _build(self, position: int) -> np.ndarray:
         source = self.sources[position]
-        frames = np.asarray(self.to_frames(self.read(source)), dtype=np.float32)
+        try:
+            frames = np.asarray(self.to_frames(self.read(source)), dtype=np.float32)
+        except (ValueError, TypeError) as err:
+            if str(source) in str(err):
+                raise
+            # name the sample whose events are wrong: a file path, an index, ...
+            kind = TypeError if isinstance(err, TypeError) else ValueError
+            raise kind(f"sample {source}: {err}") from None
         if self.sample_shape and frames.shape != self.sample_shape:
             raise ValueError(
                 f"sample {source!r} gives frames of shape {frames.shape}, the first "

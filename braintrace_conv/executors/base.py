@@ -85,7 +85,9 @@ class Learner(abc.ABC):
         self._graphs: dict = {}
         self._compiled: dict = {}
         self._carry = None          # (hidden leaves, algorithm state) between advance() calls
+        self._batch = None          # the batch size hidden states were initialised for
         self._last = None           # the graph (or traced step) of the last call
+        self._checked_losses: set = set()
 
     # ------------------------------------------------------------------ public API
     def value_and_grad(self, loss_fn: Callable, xs, targets, *, reset: bool = True,
@@ -107,6 +109,7 @@ class Learner(abc.ABC):
         (_, batch), xs = _check_sequences(xs, targets), self._inputs(xs)
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
+            self._batch = batch
         step, graph = self._graph(xs)
         hidden = step.hidden_leaves()
         return self._call(step, graph, loss_fn, hidden, self._init_state(graph, hidden), xs,
@@ -114,13 +117,24 @@ class Learner(abc.ABC):
 
     def reset(self, batch_size: int) -> None:
         """Start a new online run: fresh hidden states and zero traces."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size <= 0:
+            raise ValueError(f'reset(batch_size) takes a positive int, got {batch_size!r}.')
         brainstate.nn.init_all_states(self.model, batch_size)
         self._carry = None
+        self._batch = int(batch_size)
 
     def advance(self, loss_fn: Callable, xs, targets, *, return_outputs: bool = False):
         """Run ``T`` more steps, keeping hidden states and traces; return this chunk's
         ``(loss, grads[, outputs])``. Parameters are read from the model at each call."""
-        _check_sequences(xs, targets)
+        _, batch = _check_sequences(xs, targets)
+        if self._batch is None:
+            raise RuntimeError('advance() continues an online run: call reset(batch_size) '
+                               'first to start one (fresh hidden states and traces).')
+        if batch != self._batch:
+            raise ValueError(f'advance() got xs with batch size {batch}, but the run was '
+                             f'started for {self._batch} sequences; call reset({batch}) to start '
+                             f'a new run with this batch size.')
         xs = self._inputs(xs)
         step, graph = self._graph(xs)
         if self._carry is None:
@@ -148,6 +162,7 @@ class Learner(abc.ABC):
         (_, batch), xs = _check_sequences(xs, ()), self._inputs(xs)
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
+            self._batch = batch
         step, _ = self._graph(xs)
         key = ('predict', observe, _signature(jax.tree.map(lambda a: a[0], xs), self.model))
         if key not in self._compiled:
@@ -219,7 +234,28 @@ class Learner(abc.ABC):
                                                        return_outputs))
         return self._compiled[key]
 
+    def _check_loss(self, step: TracedStep, loss_fn: Callable, targets) -> None:
+        """Evaluate ``loss_fn`` on one step's abstract output and target, so that targets
+        that do not fit the outputs (e.g. another batch size) are an error naming both."""
+        shapes = lambda tree: jax.tree.map(lambda a: (tuple(a.shape), str(a.dtype)), tree)
+        outs = [jax.ShapeDtypeStruct(a.shape, a.dtype)
+                for a in step.closed_jaxpr.out_avals[step.n_hidden:]]
+        out = jax.tree.unflatten(step.out_tree, outs)
+        target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:],
+                                                             jnp.result_type(a)), targets)
+        key = (loss_fn, str(shapes(out)), str(shapes(target)))
+        if key in self._checked_losses:
+            return
+        try:
+            jax.eval_shape(loss_fn, out, target)
+        except Exception as err:    # whatever loss_fn raises: say which shapes it was given
+            raise ValueError(f'loss_fn(output_t, target_t) fails for one step\'s model output '
+                             f'{shapes(out)} and target {shapes(target)} (targets are (T, ...), '
+                             f'time first, e.g. labels (T, B)): {err}') from err
+        self._checked_losses.add(key)
+
     def _call(self, step, graph, loss_fn, hidden, state, xs, targets, return_outputs):
+        self._check_loss(step, loss_fn, targets)
         loss, grads, hidden, state, outs = self._jitted(graph, loss_fn, return_outputs)(
             step.param_leaves(), hidden, state, xs, targets)
         step.write_hidden(hidden)

@@ -32,6 +32,9 @@ def atomic_write(path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:      # e.g. a full disk: name the file being written
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

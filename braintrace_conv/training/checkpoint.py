@@ -12,26 +12,36 @@ A checkpoint file is a NumPy ``.npz`` archive, always read with
 * ``__sha256__``: the SHA-256 digest of every other entry's name, dtype,
   shape and bytes.
 
+Arrays of the extension dtypes of ``ml_dtypes`` (``bfloat16``, the float8
+types, ``int4``, ...), which ``.npy`` cannot describe, are stored as
+unsigned integers of the same width, their dtype names under ``dtypes`` in
+the metadata, and restored bitwise.
+
 :func:`read` refuses a file whose digest, format or layout is wrong, so a
-flipped bit is an error and not a silently different number. :func:`write`
-is atomic. The functions here check a checkpoint against a model, an
-optimiser state or a configuration without changing anything, so a caller
-validates everything first and mutates afterwards.
+flipped bit is an error and not a silently different number; it checks every
+archive entry before inflating it (:mod:`braintrace_conv._npy_files`) and
+the metadata against the schema of a training run (types, ranges, nesting
+depth) and every floating-point array to be finite. :func:`write` is atomic.
+The functions here check a checkpoint against a model, an optimiser state or
+a configuration without changing anything, so a caller validates everything
+first and mutates afterwards.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import math
 import os
-import zipfile
 from pathlib import Path
 from typing import Mapping, Union
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
+from .._npy_files import NpyFileError, read_npz
 from ._files import atomic_write
 from .params import ParamView
 
@@ -41,6 +51,8 @@ __all__ = ['FORMAT', 'CheckpointError', 'ConfigMismatchError', 'write', 'read',
 #: Format tag stored in (and required of) every checkpoint.
 FORMAT = 'braintrace_conv.checkpoint/1'
 _META, _DIGEST = '__meta__', '__sha256__'
+#: Deepest nesting of lists and dicts accepted in the metadata.
+MAX_META_DEPTH = 32
 
 
 class CheckpointError(ValueError):
@@ -72,10 +84,18 @@ def _digest(arrays: Mapping[str, np.ndarray]) -> str:
 def write(path: Union[str, os.PathLike], arrays: Mapping[str, np.ndarray], meta: dict) -> None:
     """Write ``arrays`` (name -> numeric array) and JSON-able ``meta`` to ``path`` atomically."""
     entries = {name: np.asarray(a) for name, a in arrays.items()}
+    dtypes = {}
     for name, a in entries.items():
-        if a.dtype.hasobject:
-            raise TypeError(f'checkpoint entry {name} must be a numeric array, got dtype object.')
-    entries[_META] = np.frombuffer(json.dumps(dict(meta, format=FORMAT)).encode(), np.uint8)
+        if a.dtype.hasobject or a.dtype.names is not None:
+            raise TypeError(f'checkpoint entry {name} must be a numeric array, got dtype '
+                            f'{a.dtype}.')
+        if a.dtype.kind == 'V':     # an ml_dtypes type: its bits as unsigned integers
+            dtypes[name] = a.dtype.name
+            entries[name] = a.view(f'u{a.dtype.itemsize}')
+    meta = dict(meta, format=FORMAT)
+    if dtypes:
+        meta['dtypes'] = dtypes
+    entries[_META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     entries[_DIGEST] = np.frombuffer(_digest(entries).encode(), np.uint8)
     buffer = io.BytesIO()
     np.savez(buffer, **entries)
@@ -97,13 +117,12 @@ def read(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
     if not path.is_file():
         raise FileNotFoundError(f'no checkpoint at {path}.')
     try:
-        if not zipfile.is_zipfile(path):
-            raise ValueError('not a zip archive')
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
-    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        arrays = read_npz(path)
+    except NpyFileError as err:
         raise CheckpointError(f'{path} is corrupt or not a checkpoint archive (checkpoints are '
-                              f'.npz files, never unpickled): {err}') from None
+                              f'.npz files, never unpickled): {err.problem}') from None
+    except OSError as err:
+        raise CheckpointError(f'{path} cannot be read: {err.strerror or err}') from None
     if _META not in arrays or _DIGEST not in arrays:
         raise CheckpointError(f'{path} is not a braintrace_conv checkpoint (no metadata).')
     stored = arrays.pop(_DIGEST)
@@ -114,10 +133,95 @@ def read(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
         meta = json.loads(arrays.pop(_META).tobytes().decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f'{path} has unreadable metadata: {err}') from None
+    except RecursionError:
+        raise CheckpointError(f'{path} has metadata nested deeper than {MAX_META_DEPTH} '
+                              f'levels.') from None
     if not isinstance(meta, dict) or meta.get('format') != FORMAT:
         found = meta.get('format') if isinstance(meta, dict) else None
         raise CheckpointError(f'{path} has format {found!r}; this version reads {FORMAT!r}.')
+    _check_meta(meta, path)
+    for name, dtype in meta.get('dtypes', {}).items():
+        arrays[name] = _extension_view(arrays, name, dtype, path)
+    for name, a in arrays.items():
+        if jnp.issubdtype(a.dtype, jnp.inexact) and not np.all(np.isfinite(a)):
+            raise CheckpointError(f'{path} holds non-finite values (NaN or infinity) in '
+                                  f'{name}; a run never saves them.')
     return arrays, meta
+
+
+def _depth(value) -> int:
+    """Nesting depth of lists and dicts in a JSON value (iterative: no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_META_DEPTH:
+                stack.extend((v, depth + 1) for v in
+                             (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def _count(meta: dict, key: str, path, low: int = 0, high: float = math.inf) -> int:
+    value = field(meta, key, int, path)
+    if not low <= value <= high:
+        raise CheckpointError(f'{path} has {key} = {value} in its metadata; it must lie in '
+                              f'[{low}, {high}].')
+    return value
+
+
+def _check_meta(meta: dict, path) -> None:
+    """The metadata of a training run: types, ranges and nesting depth (``CheckpointError``)."""
+    if _depth(meta) > MAX_META_DEPTH:
+        raise CheckpointError(f'{path} has metadata nested deeper than {MAX_META_DEPTH} '
+                              f'levels.')
+    epoch = _count(meta, 'epoch', path)
+    step = _count(meta, 'step', path)
+    _count(meta, 'skipped_updates', path, 0, step)
+    if 'devices' in meta:
+        _count(meta, 'devices', path, 1)
+    history = field(meta, 'history', list, path)
+    if len(history) != epoch or not all(
+            isinstance(r, dict) and r.get('epoch') == i + 1 for i, r in enumerate(history)):
+        raise CheckpointError(f'{path} has an invalid history: {epoch} epoch(s) need one '
+                              f'record each, numbered from 1.')
+    best = meta.get('best')
+    if best is not None and not (
+            isinstance(best, dict) and isinstance(best.get('epoch'), int)
+            and not isinstance(best['epoch'], bool) and 1 <= best['epoch'] <= epoch
+            and isinstance(best.get('test_accuracy'), (int, float))
+            and 0 <= best['test_accuracy'] <= 1):
+        raise CheckpointError(f'{path} has an invalid best entry: {best!r}.')
+    for key in ('trainer', 'run', 'fit', 'units'):
+        if key in meta:
+            field(meta, key, dict, path)
+    if not all(isinstance(v, str) for v in meta.get('units', {}).values()):
+        raise CheckpointError(f"{path} lacks a valid 'units' entry in its metadata.")
+    paths = meta.get('opt_paths', [])
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise CheckpointError(f"{path} lacks a valid 'opt_paths' entry in its metadata.")
+    rng = meta.get('rng')
+    if (rng is None and step > 0) or (rng is not None and not isinstance(rng, dict)):
+        raise CheckpointError(f'{path} has invalid generator states: the shuffling '
+                              f'generator is {rng!r} after {step} update(s).')
+    dtypes = meta.get('dtypes', {})
+    if not isinstance(dtypes, dict) or not all(isinstance(v, str) for v in dtypes.values()):
+        raise CheckpointError(f"{path} lacks a valid 'dtypes' entry in its metadata.")
+
+
+def _extension_view(arrays: dict, name: str, dtype: str, path) -> np.ndarray:
+    """The entry ``name`` (unsigned integers) viewed as the ml_dtypes type ``dtype``."""
+    kind = getattr(ml_dtypes, dtype, None) if dtype.isidentifier() else None
+    try:
+        kind = None if kind is None else np.dtype(kind)
+    except TypeError:
+        kind = None
+    stored = arrays.get(name)
+    if (kind is None or kind.kind != 'V' or stored is None
+            or stored.dtype != np.dtype(f'u{kind.itemsize}')):
+        raise CheckpointError(f'{path} stores {name} as {dtype!r}, which is not an ml_dtypes '
+                              f'type of its width.')
+    return stored.view(kind)
 
 
 def field(meta: dict, key: str, kind, path):

@@ -133,19 +133,25 @@ class ScalarLog:
     def _rows_until(self, step: int) -> list:
         if step == 0 or not self.path.is_file():
             return []
-        with open(self.path, newline='') as f:
+        # undecodable bytes (a damaged file) become U+FFFD and fail the checks below
+        with open(self.path, newline='', encoding='utf-8', errors='replace') as f:
             rows = list(csv.reader(f))[1:]
         kept = []
         for row in rows:    # a run killed mid-write may leave a partial last line
-            if len(row) == len(SCALAR_COLUMNS) and row[0].isdigit() and int(row[0]) <= step:
+            if (len(row) == len(SCALAR_COLUMNS) and row[0].isascii() and row[0].isdigit()
+                    and int(row[0]) <= step
+                    and not any('\ufffd' in cell for cell in row)):
                 kept.append(row)
         return kept
 
     def log(self, step: int, **scalars) -> None:
         """Append one row (``step`` plus the other :data:`SCALAR_COLUMNS`)."""
         row = dict(scalars, step=step)
-        self._csv.writerow([row[c] for c in SCALAR_COLUMNS])
-        self._file.flush()
+        try:
+            self._csv.writerow([row[c] for c in SCALAR_COLUMNS])
+            self._file.flush()
+        except OSError as err:      # e.g. a full disk: name the file being written
+            raise OSError(err.errno, err.strerror or str(err), str(self.path)) from None
         if self._tb is not None:
             for key in ('loss', 'accuracy', 'skipped_updates'):
                 self._tb.add_scalar(f'train/{key}', row[key], step)

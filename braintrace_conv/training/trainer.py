@@ -40,9 +40,11 @@ warns, ``'raise'`` stops).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -61,6 +63,7 @@ from ..data import EventDataset, FrameDataset
 from ..executors import Learner
 from ..units import split_unit
 from . import checkpoint, logs, placement, run_dir
+from ._files import atomic_write
 from .loss import LOSSES, predicted_labels, sequence_loss, step_weights, weighted_cross_entropy
 from .params import ParamView
 
@@ -90,7 +93,7 @@ def _spike_rates(neurons: list):
     return observe
 
 
-def _fingerprint(dataset) -> Optional[dict]:
+def data_fingerprint(dataset) -> Optional[dict]:
     """Size and SHA-256 of what a resumed run must reuse: the events and labels of a
     dataset in memory; the sources (e.g. file paths) and labels of a streamed one, whose
     files are not read for it."""
@@ -285,7 +288,7 @@ class Trainer:
 
     def _check_batch(self, xs, labels) -> tuple:
         xs = np.asarray(xs)
-        if xs.ndim < 3 or not (np.issubdtype(xs.dtype, np.number) or xs.dtype == bool):
+        if xs.ndim < 3 or not (jnp.issubdtype(xs.dtype, jnp.number) or xs.dtype == bool):
             raise ValueError(f'xs must be a numeric array (T, B, ...), got shape {xs.shape} and '
                              f'dtype {xs.dtype}.')
         k = self._num_outputs(xs.shape[2:], xs.dtype, 'xs')
@@ -411,8 +414,9 @@ class Trainer:
         batch_size : int, default 64
             Sequences per forward pass (``Learner.predict``), split over the
             devices. Every batch, the last one included, is zero-padded to
-            ``batch_size`` rounded up to a multiple of the number of devices;
-            the padding is excluded from every figure.
+            ``batch_size`` (at most the number of samples) rounded up to a
+            multiple of the number of devices; the padding is excluded from
+            every figure.
 
         Returns
         -------
@@ -425,7 +429,8 @@ class Trainer:
         batch_size = positive('batch_size', batch_size)
         self._check_dataset('dataset', dataset)
         weights = self._weights(dataset.num_steps, 'dataset')
-        padded = self._parallel.padded_size(batch_size)
+        # a batch larger than the data set would only be padding
+        padded = self._parallel.padded_size(min(batch_size, len(dataset.labels)))
         n_total, correct, loss_sum = 0, 0, 0.0
         spike_sums = {name: 0.0 for name in self.spiking_layers}
         for xs, labels in self._batches('dataset', dataset, batch_size, shuffle=False):
@@ -463,7 +468,9 @@ class Trainer:
         ``learning_curve.png``, and every ``log_every`` batches a row of
         ``scalars.csv`` (and TensorBoard events); see
         :mod:`braintrace_conv.training.logs`. A directory that already holds
-        a run is refused unless ``resume`` or ``overwrite``.
+        a run is refused unless ``resume`` or ``overwrite``, and so is one in
+        which another process is writing a run (it holds the directory's lock,
+        :func:`~braintrace_conv.training.run_dir.locked`).
 
         Parameters
         ----------
@@ -490,7 +497,11 @@ class Trainer:
             uninterrupted one. The checkpoint's trainer settings, datasets,
             ``batch_size``, ``seed`` and ``run_config`` must equal the given
             ones (:class:`~braintrace_conv.training.checkpoint.ConfigMismatchError`
-            names those that differ); nothing is changed otherwise. The number
+            names those that differ); nothing is changed otherwise. A larger
+            ``epochs`` continues a finished run (an entry ``'epochs'`` of
+            ``run_config`` equal to ``epochs`` may exceed the stored one).
+            The best checkpoint, ``metrics.json`` and the learning curve of a
+            run killed after its last checkpoint are repaired first. The number
             of devices may differ (a warning says so): the run then equals an
             uninterrupted one up to the rounding of the gradient's batch sum.
         overwrite : bool, default False
@@ -503,7 +514,8 @@ class Trainer:
         tensorboard : bool, optional
             TensorBoard events too: ``None`` when ``tensorboardX`` is installed.
         progress : bool, default True
-            Show a tqdm bar per epoch and print one summary line per epoch.
+            Show a tqdm bar per epoch (in a notebook or on a terminal only)
+            and print one summary line per epoch.
 
         Returns
         -------
@@ -538,21 +550,23 @@ class Trainer:
         if out_dir is None and (resume or overwrite):
             raise ValueError('resume and overwrite need out_dir (the run directory).')
         log = None
+        lock = contextlib.ExitStack()
         if out_dir is not None:
             out_dir = run_dir.check(out_dir, resume=resume, overwrite=overwrite)
             # every process checks the directory before the first one writes to it
             placement.sync_processes('braintrace_conv: run directory checked')
             fit_config = dict(batch_size=batch_size, seed=seed,
-                              train_data=_fingerprint(train_dataset),
-                              eval_data=_fingerprint(eval_dataset))
+                              train_data=data_fingerprint(train_dataset),
+                              eval_data=data_fingerprint(eval_dataset))
             if self._writer:
-                run_dir.create(out_dir, overwrite=overwrite)
-            if resume:
-                self._restore(out_dir / run_dir.LAST_CHECKPOINT,
-                              dict(run=run_config, trainer=self.config(), fit=fit_config))
-            self._fit_config = fit_config
-            if self._writer:
-                log = logs.ScalarLog(out_dir, start_step=self.step, tensorboard=tensorboard)
+                lock.enter_context(run_dir.locked(out_dir))
+            try:
+                log = self._open_run(out_dir, resume, overwrite, epochs,
+                                     dict(run=run_config, trainer=self.config(), fit=fit_config),
+                                     tensorboard)
+            except BaseException:
+                lock.close()
+                raise
         progress = progress and self._writer
         self.run_config = run_config
         if self._rng is None:
@@ -580,7 +594,35 @@ class Trainer:
         finally:
             if log is not None:
                 log.close()
+            lock.close()
         return self.history
+
+    def _open_run(self, out_dir: Path, resume: bool, overwrite: bool, epochs: int,
+                  expected: dict, tensorboard: Optional[bool]):
+        """Prepare the locked run directory: create it (``overwrite``: replace the run in it)
+        or restore its last checkpoint (``resume``) and repair what a run killed after it left
+        behind; returns the scalar log (``None`` on other processes than the first)."""
+        if self._writer:   # again under the lock: another process may have written meanwhile
+            run_dir.check(out_dir, resume=resume, overwrite=overwrite)
+            run_dir.create(out_dir, overwrite=overwrite)
+        if resume:
+            self._restore(out_dir / run_dir.LAST_CHECKPOINT, expected, epochs=epochs)
+            if self._writer:
+                self._repair_run(out_dir)
+        self._fit_config = expected['fit']
+        if self._writer:
+            return logs.ScalarLog(out_dir, start_step=self.step, tensorboard=tensorboard)
+        return None
+
+    def _repair_run(self, out_dir: Path) -> None:
+        """Write what a run killed between its last checkpoint and the end of that epoch's
+        writes left behind (:func:`~braintrace_conv.training.run_dir.lagging`)."""
+        found = run_dir.lagging(out_dir, self.epoch, self.best)
+        if run_dir.BEST_CHECKPOINT in found:    # the last checkpoint is that epoch's best one
+            atomic_write(out_dir / run_dir.BEST_CHECKPOINT,
+                         (out_dir / run_dir.LAST_CHECKPOINT).read_bytes())
+        if run_dir.METRICS_NAME in found or run_dir.CURVE_NAME in found:
+            self.write_logs(out_dir)
 
     def _train_epoch(self, dataset, batch_size: int, epochs: int, progress: bool, log,
                      log_every: int) -> dict:
@@ -590,7 +632,8 @@ class Trainer:
         n_batches = dataset.num_batches(batch_size, drop_last=True)
         bar = tqdm(self._batches('train_dataset', dataset, batch_size, shuffle=True,
                                  seed=order_seed, drop_last=True),
-                   total=n_batches, desc=f'epoch {self.epoch + 1}/{epochs}', disable=not progress,
+                   total=n_batches, desc=f'epoch {self.epoch + 1}/{epochs}',
+                   disable=not (progress and _bar_shown()),
                    leave=False, unit='batch')
         loss_sum, loss_count, correct, seen = 0.0, 0, 0, 0
         for i, (xs, labels) in enumerate(bar):
@@ -672,8 +715,13 @@ class Trainer:
             expected['run'] = run_config
         self._restore(Path(path), expected)
 
-    def _restore(self, path: Path, expected: dict) -> None:
+    def _restore(self, path: Path, expected: dict, epochs: Optional[int] = None) -> None:
         arrays, meta = checkpoint.read(path)
+        stored_epochs = meta.get('run', {}).get('epochs')
+        if (epochs is not None and expected.get('run', {}).get('epochs') == epochs
+                and isinstance(stored_epochs, int) and stored_epochs <= epochs):
+            # a run's length is fit's ``epochs``: a longer one continues a finished run
+            expected = dict(expected, run=dict(expected['run'], epochs=stored_epochs))
         for key, given in expected.items():
             checkpoint.check_config(meta, key, given, path)
         params = checkpoint.params_from(arrays, meta, self._view, path, cast=False)
@@ -684,8 +732,6 @@ class Trainer:
                   for k in ('epoch', 'step', 'skipped_updates')}
         history = checkpoint.field(meta, 'history', list, path)
         best = meta.get('best')
-        if best is not None and not isinstance(best, dict):
-            raise checkpoint.CheckpointError(f'{path} has an invalid best entry: {best!r}.')
         rng, key = _generators(meta.get('rng'), arrays.get('rng/brainstate_key'), path)
         # everything is valid: only now change the trainer
         self._set_params(params)
@@ -771,6 +817,13 @@ def _generators(state, key_data, path) -> tuple:
     except (TypeError, ValueError, KeyError) as err:
         raise checkpoint.CheckpointError(f'{path} has invalid generator states: {err}') from None
     return rng, key
+
+
+def _bar_shown() -> bool:
+    """Whether a progress bar can be drawn: in a notebook, or on a terminal (a bar redrawn
+    with carriage returns would fill a log file; the epoch lines are printed anyway)."""
+    notebook = any(c.__module__ == 'tqdm.notebook' for c in tqdm.__mro__)
+    return notebook or sys.stderr.isatty()
 
 
 def _summary_line(record: dict, epochs: int) -> str:
