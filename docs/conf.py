@@ -48,6 +48,7 @@ apimodule_order = [
     'braintrace_conv.nn',
     'braintrace_conv.nn.surrogate',
     'braintrace_conv.data',
+    'braintrace_conv.data.encoders',
     'braintrace_conv.models',
     'braintrace_conv.primitive',
     'braintrace_conv.lift',
