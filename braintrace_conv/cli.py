@@ -48,6 +48,7 @@ from . import BPTT, D_RTRL, ES_D_RTRL
 from .data import digits_saccades, moving_bars, stream_directory, synthetic_shd
 from .models import recurrent_conv_snn
 from .training import NONFINITE, Trainer, checkpoint, run_dir
+from .training.loss import DEFAULT_TARGET_RATES, LOSSES
 
 __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS',
            'SHD_CHANNELS', 'DEFAULT_CACHE_SIZE']
@@ -74,8 +75,8 @@ ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
 #: The options that define a run: stored with it, and equal on ``--resume``.
 RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'samples', 'size',
                'steps', 'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay',
-               'update_every', 'loss', 'final_steps', 'nonfinite', 'data', 'sensor_size',
-               'window_us', 'stream')
+               'update_every', 'loss', 'final_steps', 'target_rates', 'nonfinite', 'data',
+               'sensor_size', 'window_us', 'stream')
 # Options that only some tasks take.
 _TASK_OPTIONS = {'size': ('moving-bars', 'digits'), 'samples': ('moving-bars', 'digits', 'shd'),
                  'data': ('events',), 'sensor_size': ('events',), 'window_us': ('events',),
@@ -188,9 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--update-every', type=int,
                        help='truly online: optimiser step every K time steps '
                             '(default: once per batch of sequences)')
-    train.add_argument('--loss', choices=('every-step', 'final'), default='every-step')
+    train.add_argument('--loss', choices=tuple(n.replace('_', '-') for n in LOSSES),
+                       default='every-step',
+                       help='cross-entropy at every step or the final steps; or a loss of the '
+                            'whole sequence (not with --update-every): cross-entropy or MSE '
+                            'of spike counts, cross-entropy of the maximum or mean over time '
+                            'of the readout (braintrace_conv.training.loss)')
     train.add_argument('--final-steps', type=int, default=1,
                        help='with --loss final: number of last steps in the loss')
+    train.add_argument('--target-rates', type=float, nargs=2, default=DEFAULT_TARGET_RATES,
+                       metavar=('TRUE', 'OTHER'),
+                       help='with --loss count-mse: target output rate per step of the true '
+                            'class and of the others (default %(default)s)')
     train.add_argument('--nonfinite', choices=NONFINITE, default='skip',
                        help='an update with a non-finite gradient is never applied: skip it '
                             '(counted, warned) or stop the run')
@@ -408,7 +418,8 @@ def _setup(args, usage: str, *, train: bool = True):
             optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, total_updates,
                                                                alpha=0.1))
         trainer = Trainer(_learner(args, model), optimizer, loss=args.loss.replace('-', '_'),
-                          final_steps=args.final_steps, update_every=args.update_every,
+                          final_steps=args.final_steps, target_rates=args.target_rates,
+                          update_every=args.update_every,
                           nonfinite=args.nonfinite, devices=args.devices)
     except (ValueError, TypeError) as error:
         raise UsageError(str(error), usage) from None

@@ -119,3 +119,18 @@ def test_default_run_reaches_target_accuracy(tmp_path, task, target):
     metrics = json.loads((tmp_path / 'metrics.json').read_text())
     assert metrics['test_accuracy'] >= target
     assert metrics['wall_time_s'] < 600
+
+
+def test_train_and_evaluate_with_a_sequence_loss(tmp_path, capsys):
+    out = tmp_path / 'run'
+    assert main(['train', *TINY, '--loss', 'count-mse', '--target-rates', '0.9', '0.1',
+                 '--out', str(out)]) == 0
+    metrics = json.loads((out / 'metrics.json').read_text())
+    assert metrics['loss'] == 'count_mse' and metrics['target_rates'] == [0.9, 0.1]
+    assert metrics['run_config']['target_rates'] == [0.9, 0.1]
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(out)]) == 0
+    assert 'test loss' in capsys.readouterr().out
+    assert main(['train', *TINY, '--loss', 'max-membrane', '--update-every', '2',
+                 '--out', str(tmp_path / 'online')]) == 2
+    assert "loss 'max_membrane' is a loss of the whole sequence" in capsys.readouterr().err

@@ -11,8 +11,10 @@ Data layout: batches are time-major, inputs ``xs`` of shape ``(T, B,
 for DVS frames, any rank the model takes -- and integer labels ``(B,)``; the
 model maps one step ``(B, *frame_shape)`` to dimensionless class scores ``(B,
 K)``. The loss and the prediction are those of
-:mod:`braintrace_conv.training.loss` (softmax cross-entropy weighted over
-time steps, ``loss='every_step'`` or ``'final'``).
+:mod:`braintrace_conv.training.loss`: a cross-entropy weighted over time
+steps (``loss='every_step'`` or ``'final'``), or a loss of the whole
+sequence (spike-count cross-entropy or MSE, membrane maximum or mean over
+time), trained exactly in two passes per batch.
 
 Updates: ``update_every=None`` takes one optimiser step per batch of
 sequences, from the gradient of the whole sequence loss
@@ -61,7 +63,9 @@ from ..data import EventDataset, FrameDataset
 from ..executors import Learner
 from ..units import split_unit
 from . import checkpoint, logs, placement, run_dir
-from .loss import LOSSES, predicted_labels, sequence_loss, step_weights, weighted_cross_entropy
+from .loss import (DEFAULT_TARGET_RATES, LOSSES, SEQUENCE_LOSSES, check_target_rates,
+                   linearised_step_loss, predicted_labels, sequence_cotangents, sequence_loss,
+                   step_weights, weighted_cross_entropy)
 from .params import ParamView
 
 __all__ = ['Trainer', 'NONFINITE']
@@ -124,13 +128,20 @@ class Trainer:
         Applied to the parameters' mantissas, keyed like
         ``model.states(brainstate.ParamState)``. ``None`` makes an
         inference-only trainer (:meth:`evaluate`, :meth:`load_params`).
-    loss : {'every_step', 'final'}, default 'every_step'
-        Which steps carry the loss (and the prediction).
+    loss : str, default 'every_step'
+        One of :data:`~braintrace_conv.training.loss.LOSSES`:
+        ``'every_step'``, ``'final'``, ``'count_ce'``, ``'count_mse'``,
+        ``'max_membrane'``, ``'mean_membrane'`` (defined in
+        :mod:`braintrace_conv.training.loss`); it also sets the prediction.
     final_steps : int, default 1
         With ``loss='final'``, the number ``k`` of last steps weighted.
+    target_rates : (float, float), default (0.8, 0.2)
+        With ``loss='count_mse'``, the target rate per step of the true class
+        and of the other classes.
     update_every : int, optional
         ``None``: one update per batch of sequences; ``k``: truly online,
-        one update every ``k`` steps.
+        one update every ``k`` steps (only with ``'every_step'`` and
+        ``'final'``: the other losses need the whole sequence).
     nonfinite : {'skip', 'raise'}, default 'skip'
         An update with a non-finite loss, gradient or result is never
         applied: ``'skip'`` counts it in :attr:`skipped_updates` and warns,
@@ -171,6 +182,7 @@ class Trainer:
 
     def __init__(self, learner: Learner, optimizer: Optional[optax.GradientTransformation] = None,
                  *, loss: str = 'every_step', final_steps: int = 1,
+                 target_rates: tuple = DEFAULT_TARGET_RATES,
                  update_every: Optional[int] = None, nonfinite: str = 'skip',
                  devices: placement.Devices = None):
         if not isinstance(learner, Learner):
@@ -185,8 +197,14 @@ class Trainer:
         self.optimizer = optimizer
         self.loss = one_of('loss', loss, LOSSES)
         self.final_steps = positive('final_steps', final_steps)
+        self.target_rates = check_target_rates(target_rates)
         self.update_every = (None if update_every is None
                              else positive('update_every', update_every))
+        if self.update_every is not None and self.loss in SEQUENCE_LOSSES:
+            raise ValueError(f'loss {self.loss!r} is a loss of the whole sequence: its gradient '
+                             f'needs the outputs of every step, so it cannot update every '
+                             f'{self.update_every} steps; use update_every=None or a per-step '
+                             f'loss (every_step, final).')
         self.nonfinite = one_of('nonfinite', nonfinite, NONFINITE)
         self._parallel = placement.DataParallel(devices)
         self.mesh, self.devices = self._parallel.mesh, self._parallel.devices
@@ -210,10 +228,13 @@ class Trainer:
 
     def config(self) -> dict:
         """The trainer's settings: ``algorithm``, ``loss``, ``final_steps``,
-        ``update_every``, ``nonfinite``."""
-        return dict(algorithm=self.learner.algorithm, loss=self.loss,
-                    final_steps=self.final_steps, update_every=self.update_every,
-                    nonfinite=self.nonfinite)
+        ``update_every``, ``nonfinite`` (and ``target_rates`` with ``'count_mse'``)."""
+        config = dict(algorithm=self.learner.algorithm, loss=self.loss,
+                      final_steps=self.final_steps, update_every=self.update_every,
+                      nonfinite=self.nonfinite)
+        if self.loss == 'count_mse':
+            config['target_rates'] = list(self.target_rates)
+        return config
 
     def _set_params(self, mantissas: dict) -> None:
         """Replicate parameter mantissas on every device and write them to the model."""
@@ -359,9 +380,21 @@ class Trainer:
         each ``dL/dW`` in ``1 / unit(W)`` (plain arrays for plain parameters).
         """
         xs, labels = self._check_batch(xs, labels)
-        loss, grads = self.learner.value_and_grad(
-            weighted_cross_entropy, *self._placed(xs, labels, self._weights(xs.shape[0], 'xs')))
+        loss, grads, _ = self._sequence_gradient(xs, labels, self._weights(xs.shape[0], 'xs'))
         return float(loss), self._view.gradients(self._view.grad_mantissas(grads))
+
+    def _sequence_gradient(self, xs: np.ndarray, labels: np.ndarray, weights: np.ndarray):
+        """``(loss, grads, scores)`` of whole sequences; a sequence loss in two passes
+        (:mod:`braintrace_conv.training.loss`): outputs, then the linearised step loss."""
+        xs, targets = self._placed(xs, labels, weights)
+        if self.loss not in SEQUENCE_LOSSES:
+            return self.learner.value_and_grad(weighted_cross_entropy, xs, targets,
+                                               return_outputs=True)
+        scores = self.learner.predict(xs)
+        loss, cotangents = sequence_cotangents(scores, targets[0][0], weights, self.loss,
+                                               self.target_rates)
+        _, grads = self.learner.value_and_grad(linearised_step_loss, xs, cotangents)
+        return loss, grads, scores
 
     # ------------------------------------------------------------------ one batch
     def train_batch(self, xs, labels) -> tuple:
@@ -379,8 +412,7 @@ class Trainer:
     def _train_batch(self, xs: np.ndarray, labels: np.ndarray) -> tuple:
         weights = self._weights(xs.shape[0], 'xs')
         if self.update_every is None:
-            loss, grads, scores = self.learner.value_and_grad(
-                weighted_cross_entropy, *self._placed(xs, labels, weights), return_outputs=True)
+            loss, grads, scores = self._sequence_gradient(xs, labels, weights)
             self._apply(self._view.grad_mantissas(grads), loss)
             total, scores = float(loss), placement.to_host(scores)
         else:
@@ -397,7 +429,7 @@ class Trainer:
                 total += float(loss)
                 chunks.append(placement.to_host(chunk))
             scores = np.concatenate(chunks)
-        return total, int(np.sum(predicted_labels(scores, weights) == labels))
+        return total, int(np.sum(predicted_labels(scores, weights, self.loss) == labels))
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset, batch_size: int = 64) -> dict:
@@ -435,8 +467,9 @@ class Trainer:
             scores, rates = self.learner.predict(self._parallel.shard(np.pad(xs, pad)),
                                                  observe=self._observe)
             scores = placement.to_host(scores)[:, :n]
-            loss_sum += float(np.sum(sequence_loss(scores, labels, weights)))
-            correct += int(np.sum(predicted_labels(scores, weights) == labels))
+            loss_sum += float(np.sum(sequence_loss(scores, labels, weights, self.loss,
+                                                   self.target_rates)))
+            correct += int(np.sum(predicted_labels(scores, weights, self.loss) == labels))
             for name, r in zip(spike_sums, rates):
                 spike_sums[name] += float(np.sum(placement.to_host(r)[:, :n]))
             n_total += n
