@@ -128,3 +128,145 @@ def test_sequence_loss_errors():
     with pytest.raises(ValueError, match='loss must be one of'):
         Trainer(bc.D_RTRL(model), optax.sgd(0.1), loss='hinge')
     assert set(SEQUENCE_LOSSES) < set(LOSSES)
+
+
+# ----------------------------------------------------------------------------- rate regulariser
+def test_rate_penalty_matches_numpy():
+    from braintrace_conv.training.loss import rate_penalty
+    rng = np.random.default_rng(5)
+    spikes = {'a': (rng.random((4, 3, 2, 5)) < 0.3).astype(float),
+              'b': (rng.random((4, 3, 7)) < 0.6).astype(float)}
+    ref = 0.5 * ((spikes['a'].mean(axis=(0, 2, 3)) - 0.1) ** 2
+                 + (spikes['b'].mean(axis=(0, 2)) - 0.4) ** 2)
+    np.testing.assert_allclose(rate_penalty(spikes, {'a': 0.1, 'b': 0.4}, 0.5), ref, rtol=1e-12)
+
+
+class SpikingNet(Net):
+    """Net whose step also returns the hidden spikes, the way the regulariser reads them."""
+
+    def update(self, x):
+        z = self.lif(self.conv(x))
+        return self.readout(self.flat(z)), {'hidden': z}
+
+
+@pytest.mark.parametrize('loss', ['every_step', 'count_ce'])
+def test_rate_regulariser_trains_exactly_with_d_rtrl(loss):
+    brainstate.random.seed(6)
+    model = SpikingNet()
+    rng = np.random.default_rng(7)
+    xs = (rng.random((6, 4, 2, 5, 5)) < 0.5).astype(np.float64)
+    labels = rng.integers(0, 3, 4)
+    weights = step_weights(loss, 6)
+
+    def total():
+        brainstate.nn.init_all_states(model, 4)
+        outs = [model(x) for x in jnp.asarray(xs)]
+        scores = jnp.stack([o[0] for o in outs])
+        hidden = jnp.stack([o[1]['hidden'] for o in outs])
+        rate = hidden.reshape(6, 4, -1).mean(axis=(0, 2))
+        return jnp.mean(sequence_loss(scores, labels, weights, loss) + 2.0 * (rate - 0.05) ** 2)
+
+    ref, ref_loss = brainstate.transform.grad(
+        total, grad_states=model.states(brainstate.ParamState), return_value=True)()
+    trainer = Trainer(bc.D_RTRL(model), optax.sgd(0.1), loss=loss, rate_targets={'hidden': 0.05},
+                      rate_strength=2.0, devices=1)
+    value, grads = trainer.value_and_grad(xs, labels)
+    np.testing.assert_allclose(value, ref_loss, rtol=1e-10)
+    for key in ref:
+        assert rel_err(grads[key], ref[key]) < EXACT, (key, rel_err(grads[key], ref[key]))
+    # the regulariser changes the gradient: it is not silently dropped
+    _, plain = Trainer(bc.D_RTRL(model), optax.sgd(0.1), loss=loss,
+                       devices=1).value_and_grad(xs, labels)
+    assert rel_err(plain['conv', 'weight'], grads['conv', 'weight']) > 1e-3
+
+
+def test_rate_regulariser_errors():
+    with pytest.raises(ValueError, match=r"rate_targets names layers \['out'\] whose spikes"):
+        Trainer(bc.D_RTRL(SpikingNet()), optax.sgd(0.1), rate_targets={'out': 0.1},
+                devices=1).value_and_grad(np.zeros((2, 2, 2, 5, 5)), np.zeros(2, int))
+    with pytest.raises(ValueError, match='rate_targets must be a dict'):
+        Trainer(bc.D_RTRL(SpikingNet()), optax.sgd(0.1), rate_targets={'hidden': 3})
+    with pytest.raises(ValueError, match='the firing-rate regulariser'):
+        Trainer(bc.D_RTRL(SpikingNet()), optax.sgd(0.1), rate_targets={'hidden': 0.1},
+                update_every=2)
+
+
+# ----------------------------------------------------------------------------- spike rates
+class ResetAfterSpike(brainstate.nn.Module):
+    """A user-written neuron that stores V after the reset: no spike() to call."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = shape
+
+    def init_state(self, batch_size=None, **kw):
+        self.v = brainstate.HiddenState(jnp.zeros((batch_size, *self.shape)))
+
+    def update(self, x):
+        v = 0.8 * self.v.value + x
+        z = nn.surrogate.Sigmoid()(v - 1.0)
+        self.v.value = v - z
+        return z
+
+
+class UserNet(brainstate.nn.Module):
+    def __init__(self, neuron, returns_spikes):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, layout='channels_first', w_init=nn.FanInNormal(6.0))
+        self.neu, self.returns_spikes = neuron, returns_spikes
+        self.flat, self.readout = nn.Flatten(), nn.Linear(75, 3)
+
+    def update(self, x):
+        z = self.neu(self.conv(x))
+        scores = self.readout(self.flat(z))
+        return (scores, {'neu': z}) if self.returns_spikes else scores
+
+
+def _rates_of(model, data):
+    trainer = Trainer(bc.BPTT(model), optax.sgd(0.1), devices=1)
+    xs = jnp.asarray(np.moveaxis(data.events, 0, 1), jnp.float64)
+    brainstate.nn.init_all_states(model, len(data.labels))
+    spikes = []
+    for x in xs:
+        out = model(x)
+        spikes.append(out[1]['neu'] if model.returns_spikes else model.neu.get_spike())
+    expected = float(np.mean(spikes))
+    return trainer, trainer.evaluate(data, batch_size=8)['spike_rates'], expected
+
+
+def test_spike_rates_of_returned_spikes_and_of_get_spike(capsys):
+    rng = np.random.default_rng(8)
+    data = EventDataset((rng.random((8, 4, 2, 5, 5)) < 0.5).astype(np.float32),
+                        rng.integers(0, 3, 8), 3)
+    brainstate.random.seed(9)
+    trainer, rates, expected = _rates_of(UserNet(ResetAfterSpike((3, 5, 5)), True), data)
+    assert trainer.spiking_layers == {} and set(rates) == {'neu'}
+    assert 0 < expected < 1 and rates['neu'] == pytest.approx(expected, rel=1e-6)
+    bs = pytest.importorskip('brainpy.state')
+    import saiunit as u
+    brainstate.random.seed(9)
+    neuron = bs.LIF((3, 5, 5), tau=5 * u.ms, V_th=1 * u.mV, R=1 * u.ohm)
+    model = UserNet(neuron, False)
+    model.conv.weight.value = model.conv.weight.value * 10 * u.mA   # strong enough to spike
+    model.conv.bias.value = (model.conv.bias.value + 1) * u.mA
+    with brainstate.environ.context(dt=1 * u.ms):
+        trainer, rates, expected = _rates_of(model, data)
+    assert list(trainer.spiking_layers) == ['neu'] and 0 < expected < 1
+    assert rates['neu'] == pytest.approx(expected, rel=1e-6)
+
+
+def test_progress_line_names_spike_rates_only_when_there_are_some():
+    from braintrace_conv.training.trainer import _summary_line
+    record = dict(epoch=1, train_loss=0.5, train_accuracy=0.5, skipped_updates=0,
+                  epoch_time_s=1.0, test_accuracy=0.5, spike_rates={})
+    assert 'spike rates' not in _summary_line(record, 1)
+    record['spike_rates'] = {'neu': 0.25}
+    assert 'spike rates [neu 0.250]' in _summary_line(record, 1)
+
+
+def test_subpackages_are_attributes_of_the_package():
+    import subprocess
+    import sys
+    code = 'import braintrace_conv as bc; print(bc.nn.LIF.__name__, bc.data.encoders.__name__)'
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ['LIF', 'braintrace_conv.data.encoders']

@@ -19,6 +19,18 @@ argmax over classes of a pooled score ``p_b`` ``(B, K)``. With
 * ``'mean_membrane'``: :math:`L_b = \mathrm{CE}(\bar s_b, y_b)` with
   :math:`\bar s_b = \frac1T \sum_t s_{t,b}`; :math:`p_b = \bar s_b`.
 
+Firing-rate regulariser
+-----------------------
+With target rates :math:`\rho_l` per hidden layer ``l`` (fraction of its
+neurons spiking per step), :func:`rate_penalty` adds to every :math:`L_b`
+
+.. math::  R_b = \lambda \sum_l (r_{l,b} - \rho_l)^2, \qquad
+           r_{l,b} = \frac{1}{T N_l} \sum_{t,i} z_{l,t,b,i},
+
+where :math:`z_l` are the spikes of layer ``l`` (:math:`N_l` neurons) that
+the model returns with its scores (``(scores, {name: spikes})`` per step).
+A function of the whole sequence, it is trained like the sequence losses.
+
 In ``'count_mse'`` the target rate (per step) :math:`\rho_{b,c}` is
 ``target_rates[0]`` for the true class and ``target_rates[1]`` for the others
 (spike-count MSE; with spiking outputs, ``n / T`` is the firing rate).
@@ -61,7 +73,7 @@ from .._validation import one_of, positive
 __all__ = ['LOSSES', 'SEQUENCE_LOSSES', 'DEFAULT_TARGET_RATES', 'step_weights',
            'cross_entropy', 'weighted_cross_entropy', 'pooled_scores', 'sequence_loss',
            'predicted_labels', 'sequence_cotangents', 'linearised_step_loss',
-           'check_target_rates']
+           'check_target_rates', 'rate_penalty', 'check_rate_targets']
 
 #: Names of the losses (module docstring).
 LOSSES = ('every_step', 'final', 'count_ce', 'count_mse', 'max_membrane', 'mean_membrane')
@@ -167,7 +179,36 @@ def sequence_cotangents(scores, labels, weights, loss: str,
             jnp.asarray(_logits(scores)))
 
 
-def linearised_step_loss(scores, cotangent):
+def linearised_step_loss(outputs, cotangents):
     """``<g_t, s_t>``, the per-step loss whose gradient summed over steps is that of a
-    sequence loss: scores ``(B, K)``, cotangent ``g_t`` ``(B, K)`` (module docstring)."""
-    return jnp.sum(_logits(scores) * jax.lax.stop_gradient(cotangent))
+    sequence loss (module docstring): ``outputs`` of one step (scores ``(B, K)``, or a
+    pytree such as ``(scores, {name: spikes})``) and cotangents ``g_t`` of the same
+    structure; sums over every leaf."""
+    is_q = lambda v: isinstance(v, u.Quantity)
+    leaves = jax.tree.leaves(outputs, is_leaf=is_q)
+    return sum(jnp.sum(_logits(o) * jax.lax.stop_gradient(g))
+               for o, g in zip(leaves, jax.tree.leaves(cotangents), strict=True))
+
+
+def check_rate_targets(value) -> dict:
+    """``value`` as ``{layer name: target rate in [0, 1]}`` (``None`` -> ``{}``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float, np.integer, np.floating))
+            and not isinstance(v, bool) and 0 <= v <= 1 for k, v in value.items()):
+        raise ValueError(f'rate_targets must be a dict {{layer name: target fraction of its '
+                         f'neurons spiking per step, in [0, 1]}}, got {value!r}.')
+    return {k: float(v) for k, v in value.items()}
+
+
+def rate_penalty(spikes: dict, targets: dict, strength: float):
+    """``R_b`` of the module docstring: ``spikes`` ``{name: (T, B, ...)}`` (every name of
+    ``targets`` present), ``targets`` ``{name: rate}``, ``strength`` (:math:`\\lambda`)
+    -> ``(B,)``."""
+    total = 0.0
+    for name, target in targets.items():
+        z = jnp.asarray(u.get_mantissa(spikes[name]))
+        rate = jnp.mean(jnp.reshape(z, jnp.shape(z)[:2] + (-1,)), axis=(0, 2))
+        total = total + (rate - target) ** 2
+    return strength * total
