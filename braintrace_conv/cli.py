@@ -75,8 +75,8 @@ ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
 #: The options that define a run: stored with it, and equal on ``--resume``.
 RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'samples', 'size',
                'steps', 'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay',
-               'update_every', 'loss', 'final_steps', 'target_rates', 'nonfinite', 'data',
-               'sensor_size', 'window_us', 'stream')
+               'update_every', 'loss', 'final_steps', 'target_rates', 'rate_target',
+               'rate_strength', 'nonfinite', 'data', 'sensor_size', 'window_us', 'stream')
 # Options that only some tasks take.
 _TASK_OPTIONS = {'size': ('moving-bars', 'digits'), 'samples': ('moving-bars', 'digits', 'shd'),
                  'data': ('events',), 'sensor_size': ('events',), 'window_us': ('events',),
@@ -201,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar=('TRUE', 'OTHER'),
                        help='with --loss count-mse: target output rate per step of the true '
                             'class and of the others (default %(default)s)')
+    train.add_argument('--rate-target', type=float, nargs='+', metavar='RATE',
+                       help='firing-rate regulariser: target fraction of neurons spiking per '
+                            'step, one for every block or one per block')
+    train.add_argument('--rate-strength', type=float, default=1.0,
+                       help='with --rate-target: weight of the regulariser')
     train.add_argument('--nonfinite', choices=NONFINITE, default='skip',
                        help='an update with a non-finite gradient is never applied: skip it '
                             '(counted, warned) or stop the run')
@@ -409,7 +414,8 @@ def _setup(args, usage: str, *, train: bool = True):
                              f'training samples')
         brainstate.random.seed(args.seed)
         model = recurrent_conv_snn(data.frame_shape, data.num_classes, channels=args.channels,
-                                   kernel_size=args.kernel_size, pool=args.pool, tau=args.tau)
+                                   kernel_size=args.kernel_size, pool=args.pool, tau=args.tau,
+                                   return_spikes=bool(args.rate_target))
         optimizer = None
         if train:
             total_updates = args.epochs * (len(train_set) // args.batch_size)
@@ -419,11 +425,24 @@ def _setup(args, usage: str, *, train: bool = True):
                                                                alpha=0.1))
         trainer = Trainer(_learner(args, model), optimizer, loss=args.loss.replace('-', '_'),
                           final_steps=args.final_steps, target_rates=args.target_rates,
-                          update_every=args.update_every,
+                          rate_targets=_rate_targets(args.rate_target, len(args.channels)),
+                          rate_strength=args.rate_strength, update_every=args.update_every,
                           nonfinite=args.nonfinite, devices=args.devices)
     except (ValueError, TypeError) as error:
         raise UsageError(str(error), usage) from None
     return trainer, train_set, test_set
+
+
+def _rate_targets(rates, blocks: int) -> Optional[dict]:
+    """``--rate-target``: one rate for every block, or one per block, as Trainer's
+    ``rate_targets`` (the blocks' neurons, named as the model returns their spikes)."""
+    if not rates:
+        return None
+    if len(rates) not in (1, blocks):
+        raise ValueError(f'--rate-target takes one rate or one per block ({blocks}), got '
+                         f'{len(rates)}.')
+    return {f'blocks.{i}.neuron': r for i, r in enumerate(rates * blocks if len(rates) == 1
+                                                          else rates)}
 
 
 def _shown(value) -> str:

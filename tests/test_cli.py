@@ -134,3 +134,15 @@ def test_train_and_evaluate_with_a_sequence_loss(tmp_path, capsys):
     assert main(['train', *TINY, '--loss', 'max-membrane', '--update-every', '2',
                  '--out', str(tmp_path / 'online')]) == 2
     assert "loss 'max_membrane' is a loss of the whole sequence" in capsys.readouterr().err
+
+
+def test_train_with_the_rate_regulariser(tmp_path):
+    out = tmp_path / 'run'
+    assert main(['train', *TINY, '--rate-target', '0.02', '0.05', '--rate-strength', '3',
+                 '--out', str(out)]) == 0
+    metrics = json.loads((out / 'metrics.json').read_text())
+    assert metrics['rate_targets'] == {'blocks.0.neuron': 0.02, 'blocks.1.neuron': 0.05}
+    assert metrics['rate_strength'] == 3.0
+    assert set(metrics['history'][0]['spike_rates']) == {'blocks.0.neuron', 'blocks.1.neuron'}
+    assert main(['train', *TINY, '--rate-target', '0.1', '0.1', '0.1',
+                 '--out', str(tmp_path / 'bad')]) == 2

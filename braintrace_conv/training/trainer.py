@@ -531,6 +531,7 @@ class Trainer:
         padded = self._parallel.padded_size(batch_size)
         n_total, correct, loss_sum = 0, 0, 0.0
         spike_sums = {name: 0.0 for name in self.spiking_layers}
+        returned = {}   # spikes the model returns; they replace a neuron's of the same name
         for xs, labels in self._batches('dataset', dataset, batch_size, shuffle=False):
             n = len(labels)
             pad = [(0, 0)] * xs.ndim
@@ -545,11 +546,11 @@ class Trainer:
             for name, r in zip(self.spiking_layers, rates):
                 spike_sums[name] += float(np.sum(placement.to_host(r)[:, :n]))
             for name, r in spikes.items():
-                spike_sums[name] = spike_sums.get(name, 0.0) + float(np.sum(r))
+                returned[name] = returned.get(name, 0.0) + float(np.sum(r))
             n_total += n
         steps = n_total * dataset.num_steps
         return dict(loss=loss_sum / n_total, accuracy=correct / n_total,
-                    spike_rates={k: v / steps for k, v in spike_sums.items()})
+                    spike_rates={k: v / steps for k, v in {**spike_sums, **returned}.items()})
 
     # ------------------------------------------------------------------ training
     def fit(self, train_dataset, *, epochs: int, batch_size: int, seed: int = 0,
