@@ -327,9 +327,16 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     return args
 
 
+# Options stored only when they take effect, so runs made before they existed still resume.
+_STORED_WHEN = {'target_rates': lambda args: args.loss == 'count-mse',
+                'rate_target': lambda args: bool(args.rate_target),
+                'rate_strength': lambda args: bool(args.rate_target)}
+
+
 def _run_config(args) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v)
-            for k, v in vars(args).items() if k in RUN_OPTIONS}
+            for k, v in vars(args).items()
+            if k in RUN_OPTIONS and _STORED_WHEN.get(k, lambda args: True)(args)}
 
 
 def _available_memory() -> Optional[int]:

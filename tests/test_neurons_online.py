@@ -58,6 +58,7 @@ NEURONS = {
     'IF': lambda: nn.IF(SHAPE, V_th=1.5),
     'IF-trainable': lambda: nn.IF(SHAPE, V_th=1.5, reset='zero', trainable='V_th'),
     'LIF-arctan': lambda: nn.LIF(SHAPE, tau=5.0, spike_fn=nn.surrogate.Arctan(), trainable='tau'),
+    'LI-trainable': lambda: nn.LI(SHAPE, tau=5.0, trainable='tau'),
 }
 
 

@@ -47,8 +47,8 @@ the derivative of ``L`` with respect to an early output depends on outputs
 not seen yet (a count, a maximum, a mean), so no per-step loss has their
 gradient while the sequence runs. They are trained exactly, online in memory,
 in two passes over each batch: a forward pass gives the outputs ``s`` and the
-cotangents :math:`g_t = \partial L / \partial s_t` (:func:`sequence_cotangents`),
-then the executor differentiates the per-step loss
+cotangents :math:`g_t = \partial L / \partial s_t` (``jax.grad`` of
+:func:`sequence_loss`), then the executor differentiates the per-step loss
 :math:`\langle g_t, s_t \rangle` (:func:`linearised_step_loss`, ``g`` held
 fixed), whose gradient is, by the chain rule,
 :math:`\sum_t g_t\, \partial s_t / \partial \theta = \partial L / \partial
@@ -72,7 +72,7 @@ from .._validation import one_of, positive
 
 __all__ = ['LOSSES', 'SEQUENCE_LOSSES', 'DEFAULT_TARGET_RATES', 'step_weights',
            'cross_entropy', 'weighted_cross_entropy', 'pooled_scores', 'sequence_loss',
-           'predicted_labels', 'sequence_cotangents', 'linearised_step_loss',
+           'predicted_labels', 'linearised_step_loss',
            'check_target_rates', 'rate_penalty', 'check_rate_targets']
 
 #: Names of the losses (module docstring).
@@ -168,15 +168,6 @@ def sequence_loss(scores, labels, weights, loss: str = 'every_step',
 def predicted_labels(scores, weights, loss: str = 'every_step') -> np.ndarray:
     """``argmax_c p[b, c]`` (module docstring): scores ``(T, B, K)`` -> int ``(B,)``."""
     return np.argmax(np.asarray(pooled_scores(scores, weights, loss)), axis=-1)
-
-
-def sequence_cotangents(scores, labels, weights, loss: str,
-                        rates: tuple = DEFAULT_TARGET_RATES) -> tuple:
-    """Batch loss ``mean_b L_b`` and its cotangents ``dL/ds``, ``(T, B, K)`` like
-    ``scores``: the targets of :func:`linearised_step_loss` (module docstring)."""
-    return jax.value_and_grad(
-        lambda s: jnp.mean(sequence_loss(s, labels, weights, loss, rates)))(
-            jnp.asarray(_logits(scores)))
 
 
 def linearised_step_loss(outputs, cotangents):
