@@ -46,9 +46,10 @@ def _float_input(name: str, x, min_ndim: int) -> jax.Array:
 
 def _unit_interval(name: str, x: jax.Array) -> None:
     """Refuse values outside [0, 1] (checked when ``x`` is concrete, not under jit)."""
-    if isinstance(x, jax.core.Tracer):
+    try:
+        values = np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         return
-    values = np.asarray(x)
     if values.size and (not np.all(np.isfinite(values)) or values.min() < 0 or values.max() > 1):
         raise ValueError(f'{name} must hold intensities in [0, 1] (scale the data first), got '
                          f'values in [{np.nanmin(values)}, {np.nanmax(values)}].')
