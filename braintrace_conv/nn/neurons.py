@@ -82,7 +82,8 @@ def _time_constant(name: str, tau):
     if isinstance(tau, u.Quantity):
         u.fail_for_dimension_mismatch(
             tau, u.ms, f'{name} must be a time (e.g. 10 * u.ms) or a plain number in ms')
-    if not np.all(np.asarray(u.get_mantissa(tau)) > 0):
+    mantissa = np.asarray(u.get_mantissa(tau))
+    if not np.issubdtype(mantissa.dtype, np.number) or not np.all(mantissa > 0):
         raise ValueError(f'{name} must be positive, got {tau!r}.')
     return tau
 
@@ -269,7 +270,7 @@ class LIF(Neuron):
         name: Optional[str] = None,
     ):
         super().__init__(in_size, name=name)
-        self.tau = None if tau is None else _time_constant('tau', tau)
+        self.tau = None if isinstance(self, IF) else _time_constant('tau', tau)   # IF: no leak
         if reset not in _RESET_MODES:
             raise ValueError(f'reset must be one of {_RESET_MODES}, got {reset!r}.')
         if not callable(spike_fn):
