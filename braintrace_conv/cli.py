@@ -55,6 +55,7 @@ from ._npy_files import available_memory
 from .models import recurrent_conv_snn
 from .training import NONFINITE, Trainer, checkpoint, run_dir
 from .training.trainer import data_fingerprint
+from .training.loss import DEFAULT_TARGET_RATES, LOSSES
 
 __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS',
            'SHD_CHANNELS', 'DEFAULT_CACHE_SIZE']
@@ -87,8 +88,8 @@ ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
 #: The options that define a run: stored with it, and equal on ``--resume``.
 RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'samples', 'size',
                'steps', 'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay',
-               'update_every', 'loss', 'final_steps', 'nonfinite', 'data', 'sensor_size',
-               'window_us', 'stream')
+               'update_every', 'loss', 'final_steps', 'target_rates', 'rate_target',
+               'rate_strength', 'nonfinite', 'data', 'sensor_size', 'window_us', 'stream')
 # Options that only some tasks take.
 _TASK_OPTIONS = {'size': ('moving-bars', 'digits'), 'samples': ('moving-bars', 'digits', 'shd'),
                  'data': ('events',), 'sensor_size': ('events',), 'window_us': ('events',),
@@ -207,9 +208,23 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--update-every', type=int,
                        help='truly online: optimiser step every K time steps '
                             '(default: once per batch of sequences)')
-    train.add_argument('--loss', choices=('every-step', 'final'), default='every-step')
+    train.add_argument('--loss', choices=tuple(n.replace('_', '-') for n in LOSSES),
+                       default='every-step',
+                       help='cross-entropy at every step or the final steps; or a loss of the '
+                            'whole sequence (not with --update-every): cross-entropy or MSE '
+                            'of spike counts, cross-entropy of the maximum or mean over time '
+                            'of the readout (braintrace_conv.training.loss)')
     train.add_argument('--final-steps', type=int,
                        help='with --loss final: number of last steps in the loss (default 1)')
+    train.add_argument('--target-rates', type=float, nargs=2, default=DEFAULT_TARGET_RATES,
+                       metavar=('TRUE', 'OTHER'),
+                       help='with --loss count-mse: target output rate per step of the true '
+                            'class and of the others (default %(default)s)')
+    train.add_argument('--rate-target', type=float, nargs='+', metavar='RATE',
+                       help='firing-rate regulariser: target fraction of neurons spiking per '
+                            'step, one for every block or one per block')
+    train.add_argument('--rate-strength', type=float, default=1.0,
+                       help='with --rate-target: weight of the regulariser')
     train.add_argument('--nonfinite', choices=NONFINITE, default='skip',
                        help='an update with a non-finite gradient is never applied: skip it '
                             '(counted, warned) or stop the run')
@@ -345,9 +360,16 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     return args
 
 
+# Options stored only when they take effect, so runs made before they existed still resume.
+_STORED_WHEN = {'target_rates': lambda args: args.loss == 'count-mse',
+                'rate_target': lambda args: bool(args.rate_target),
+                'rate_strength': lambda args: bool(args.rate_target)}
+
+
 def _run_config(args) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v)
-            for k, v in vars(args).items() if k in RUN_OPTIONS}
+            for k, v in vars(args).items()
+            if k in RUN_OPTIONS and _STORED_WHEN.get(k, lambda args: True)(args)}
 
 
 def _bytes(n: int) -> str:
@@ -435,7 +457,8 @@ def _setup(args, usage: str, *, train: bool = True):
                              f'training samples')
         brainstate.random.seed(args.seed)
         model = recurrent_conv_snn(data.frame_shape, data.num_classes, channels=args.channels,
-                                   kernel_size=args.kernel_size, pool=args.pool, tau=args.tau)
+                                   kernel_size=args.kernel_size, pool=args.pool, tau=args.tau,
+                                   return_spikes=bool(args.rate_target))
         optimizer = None
         if train:
             total_updates = args.epochs * (len(train_set) // args.batch_size)
@@ -444,11 +467,25 @@ def _setup(args, usage: str, *, train: bool = True):
             optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, total_updates,
                                                                alpha=0.1))
         trainer = Trainer(_learner(args, model), optimizer, loss=args.loss.replace('-', '_'),
-                          final_steps=args.final_steps, update_every=args.update_every,
+                          final_steps=args.final_steps, target_rates=args.target_rates,
+                          rate_targets=_rate_targets(args.rate_target, len(args.channels)),
+                          rate_strength=args.rate_strength, update_every=args.update_every,
                           nonfinite=args.nonfinite, devices=args.devices)
     except (ValueError, TypeError) as error:
         raise UsageError(str(error), usage) from None
     return trainer, train_set, test_set
+
+
+def _rate_targets(rates, blocks: int) -> Optional[dict]:
+    """``--rate-target``: one rate for every block, or one per block, as Trainer's
+    ``rate_targets`` (the blocks' neurons, named as the model returns their spikes)."""
+    if not rates:
+        return None
+    if len(rates) not in (1, blocks):
+        raise ValueError(f'--rate-target takes one rate or one per block ({blocks}), got '
+                         f'{len(rates)}.')
+    return {f'blocks.{i}.neuron': r for i, r in enumerate(rates * blocks if len(rates) == 1
+                                                          else rates)}
 
 
 def _shown(value) -> str:

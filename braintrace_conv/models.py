@@ -117,11 +117,14 @@ class RecurrentConvSNN(brainstate.nn.Module):
         Dense readout, the flattened output of the last block to ``num_classes``.
     out : LI or None
         Leaky readout integrator (``readout='li'``), else None.
+    return_spikes : bool
+        Whether a step also returns the spikes of every block (see :meth:`update`).
     """
 
     def __init__(self, in_shape: tuple, num_classes: int, blocks: list, tau: float,
-                 readout: str, pools: Sequence = ()):
+                 readout: str, pools: Sequence = (), return_spikes: bool = False):
         super().__init__()
+        self.return_spikes = bool(return_spikes)
         self.in_shape = in_shape
         self.num_classes = num_classes
         self.tau = tau
@@ -155,20 +158,26 @@ class RecurrentConvSNN(brainstate.nn.Module):
 
         Returns
         -------
-        array
+        array or tuple
             ``(B, num_classes)``: the readout membrane potential (``'li'``)
-            or the dense readout current (``'linear'``).
+            or the dense readout current (``'linear'``). With
+            ``return_spikes``, the pair ``(scores, {'blocks.i.neuron': spikes
+            (B, *block.out_size)})``, the form
+            :class:`~braintrace_conv.Trainer` reads spikes from (firing-rate
+            regulariser).
         """
         if tuple(np.shape(x)[1:]) != self.in_shape:
             raise ValueError(f'{type(self).__name__} expects inputs (B, *in_shape) = '
                              f'(B, {", ".join(map(str, self.in_shape))}) per step, got shape '
                              f'{np.shape(x)}.')
+        spikes = {}
         for i, block in enumerate(self.blocks):
-            x = block(x)
+            x = spikes[f'blocks.{i}.neuron'] = block(x)
             if self.pools:
                 x = self.pools[i](x)
         y = self.fc(self.flatten(x))
-        return y if self.out is None else self.out(y)
+        y = y if self.out is None else self.out(y)
+        return (y, spikes) if self.return_spikes else y
 
 
 def _in_shape(value) -> tuple:
@@ -194,6 +203,7 @@ def recurrent_conv_snn(
     tau: float = 10.0,
     pool: int = 1,
     spike_fn: Optional[Callable] = None,
+    return_spikes: bool = False,
 ) -> RecurrentConvSNN:
     """Build a recurrent spiking conv net for event streams of any rank.
 
@@ -225,6 +235,9 @@ def recurrent_conv_snn(
     spike_fn : callable, optional
         Surrogate spike function of the LIF neurons (default: the LIF
         default, :class:`~braintrace_conv.nn.surrogate.Sigmoid` ``(4.0)``).
+    return_spikes : bool, default False
+        A step returns ``(scores, {'blocks.i.neuron': spikes})`` instead of the
+        scores alone (:meth:`RecurrentConvSNN.update`).
 
     Returns
     -------
@@ -270,7 +283,7 @@ def recurrent_conv_snn(
                                  f'shape (C, *spatial) = {size}; lower pool or kernel strides.')
             pools.append(nn.AvgPool((pool,) * (len(size) - 1), layout='channels_first'))
             size = (c,) + tuple(n // pool for n in size[1:])
-    return RecurrentConvSNN(in_shape, num_classes, blocks, tau, readout, pools)
+    return RecurrentConvSNN(in_shape, num_classes, blocks, tau, readout, pools, return_spikes)
 
 
 def standard_benchmark_snn() -> RecurrentConvSNN:

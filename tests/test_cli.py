@@ -216,3 +216,30 @@ def test_progress_off_a_terminal_is_plain_lines(tmp_path, capsys):
     captured = capsys.readouterr()
     assert '\r' not in captured.err + captured.out
     assert re.search(r'^epoch 1/1: train loss .*\n', captured.out, re.M)
+
+
+def test_train_and_evaluate_with_a_sequence_loss(tmp_path, capsys):
+    out = tmp_path / 'run'
+    assert main(['train', *TINY, '--loss', 'count-mse', '--target-rates', '0.9', '0.1',
+                 '--out', str(out)]) == 0
+    metrics = json.loads((out / 'metrics.json').read_text())
+    assert metrics['loss'] == 'count_mse' and metrics['target_rates'] == [0.9, 0.1]
+    assert metrics['run_config']['target_rates'] == [0.9, 0.1]
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(out)]) == 0
+    assert 'test loss' in capsys.readouterr().out
+    assert main(['train', *TINY, '--loss', 'max-membrane', '--update-every', '2',
+                 '--out', str(tmp_path / 'online')]) == 2
+    assert "loss 'max_membrane' is a loss of the whole sequence" in capsys.readouterr().err
+
+
+def test_train_with_the_rate_regulariser(tmp_path):
+    out = tmp_path / 'run'
+    assert main(['train', *TINY, '--rate-target', '0.02', '0.05', '--rate-strength', '3',
+                 '--out', str(out)]) == 0
+    metrics = json.loads((out / 'metrics.json').read_text())
+    assert metrics['rate_targets'] == {'blocks.0.neuron': 0.02, 'blocks.1.neuron': 0.05}
+    assert metrics['rate_strength'] == 3.0
+    assert set(metrics['history'][0]['spike_rates']) == {'blocks.0.neuron', 'blocks.1.neuron'}
+    assert main(['train', *TINY, '--rate-target', '0.1', '0.1', '0.1',
+                 '--out', str(tmp_path / 'bad')]) == 2

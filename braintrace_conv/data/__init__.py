@@ -26,7 +26,11 @@ Sources
     spatial rank, by time window, number of bins or event count.
 :func:`from_tonic`, :func:`from_directory`, :func:`stream_tonic`, :func:`stream_directory`
     Labelled collections of recordings, in memory or streamed.
+:mod:`~braintrace_conv.data.encoders`
+    Rate, latency and delta spike encoders for static inputs ``(B, ...)`` ->
+    ``(T, B, ...)``.
 """
+from . import encoders
 
 from .dataset import EventDataset, FrameDataset
 from .digits import digits_saccades, saccade_path
@@ -56,6 +60,7 @@ __all__ = [
     "MotionScenes",
     "StreamingEventDataset",
     "digits_saccades",
+    "encoders",
     "dvs_events",
     "events_to_frames",
     "from_directory",

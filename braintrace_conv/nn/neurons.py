@@ -1,4 +1,4 @@
-r"""Spiking (LIF, ALIF) and leaky-integrator (LI) neurons for online learning.
+r"""Spiking (LIF, ALIF, CubaLIF, IF) and leaky-integrator (LI) neurons for online learning.
 
 State convention
 ----------------
@@ -26,6 +26,19 @@ integration above is exact for such pulse inputs. With unitless constants
 everything is unitless. Mismatches raise :class:`saiunit.DimensionMismatchError`
 and are never converted.
 
+Trainable constants
+-------------------
+``trainable=('tau', 'V_th')`` (any of the names in the class's
+:attr:`~Neuron.TRAINABLE`) makes those constants :class:`brainstate.ParamState`
+(the parametric LIF, "PLIF", of the spiking-network literature, with the time
+constant itself as the parameter). A scalar gives one value shared by the
+layer; an array broadcastable to ``in_size`` (e.g. ``(C, 1, 1)`` channels
+first) one value per entry. The parameter keeps its unit and dtype (the default
+float dtype). Each enters the step elementwise, so the online executors give it
+an exact trace of its own. Nothing constrains it during training: keep the
+learning rate such that time constants stay positive and ``V_th`` above
+``V_reset``.
+
 Time step
 ---------
 ``dt`` is read at every ``update`` from ``brainstate.environ`` (``set(dt=...)``
@@ -46,7 +59,7 @@ import saiunit as u
 
 from .surrogate import Sigmoid
 
-__all__ = ['DEFAULT_DT', 'Neuron', 'LIF', 'ALIF', 'LI']
+__all__ = ['DEFAULT_DT', 'Neuron', 'LIF', 'ALIF', 'CubaLIF', 'IF', 'LI']
 
 #: Step length (in ms) used when ``brainstate.environ`` has no ``dt``.
 DEFAULT_DT = 1.0
@@ -69,7 +82,8 @@ def _time_constant(name: str, tau):
     if isinstance(tau, u.Quantity):
         u.fail_for_dimension_mismatch(
             tau, u.ms, f'{name} must be a time (e.g. 10 * u.ms) or a plain number in ms')
-    if not np.all(np.asarray(u.get_mantissa(tau)) > 0):
+    mantissa = np.asarray(u.get_mantissa(tau))
+    if not np.issubdtype(mantissa.dtype, np.number) or not np.all(mantissa > 0):
         raise ValueError(f'{name} must be positive, got {tau!r}.')
     return tau
 
@@ -84,8 +98,14 @@ def _voltage(name: str, value, ref, ref_name: str):
         f'{name} must have the unit of {ref_name} ({u.get_unit(ref)}), got {value!r}.')
 
 
+def _value(constant):
+    """The value of a neuron constant: a trainable one is a ``brainstate.ParamState``."""
+    return constant.value if isinstance(constant, brainstate.State) else constant
+
+
 def _decay(tau) -> jax.Array:
     """``exp(-dt / tau)`` with ``dt`` from ``brainstate.environ``, unit-checked."""
+    tau = _value(tau)
     dt = brainstate.environ.get('dt', default=None)
     if dt is None:
         dt = DEFAULT_DT * u.ms if isinstance(tau, u.Quantity) else DEFAULT_DT
@@ -108,12 +128,32 @@ class Neuron(brainstate.nn.Module):
         when created without a batch size.
     name : str, optional
         Module name.
+
+    Attributes
+    ----------
+    TRAINABLE : tuple of str
+        Names of the constants that ``trainable=`` may turn into parameters.
     """
+
+    TRAINABLE: tuple = ()
 
     def __init__(self, in_size: Union[int, Sequence[int]], name: Optional[str] = None):
         super().__init__(name=name)
         self.in_size = _format_size(in_size)
         self.out_size = self.in_size
+
+    def _make_trainable(self, trainable) -> None:
+        """Replace the constants named in ``trainable`` by ``brainstate.ParamState``."""
+        names = (trainable,) if isinstance(trainable, str) else tuple(trainable)
+        unknown = [n for n in names if n not in self.TRAINABLE]
+        if unknown:
+            raise ValueError(f'trainable of {type(self).__name__} must name constants among '
+                             f'{self.TRAINABLE}, got {unknown}.')
+        for n in names:
+            value = getattr(self, n)
+            mantissa = jnp.asarray(u.get_mantissa(value), brainstate.environ.dftype())
+            setattr(self, n, brainstate.ParamState(
+                u.maybe_decimal(u.Quantity(mantissa, unit=u.get_unit(value)))))
 
     def _state_shape(self, batch_size: Optional[int]) -> tuple:
         if batch_size is None:
@@ -184,6 +224,9 @@ class LIF(Neuron):
         Reset by subtraction (soft) or to ``V_reset`` (hard).
     detach_reset : bool, default False
         If true, no gradient flows through the spike that drives the reset.
+    trainable : str or sequence of str, default ()
+        Constants among ``('tau', 'V_th')`` to learn (module docstring,
+        "Trainable constants"); e.g. ``trainable='tau'`` is a PLIF neuron.
     name : str, optional
         Module name.
 
@@ -192,6 +235,8 @@ class LIF(Neuron):
     V : brainstate.HiddenState
         Membrane potential before reset, shape ``(batch, *in_size)`` or
         ``in_size``, in the voltage unit. Created by :meth:`init_state`.
+    tau, V_th : Quantity, array or brainstate.ParamState
+        The constants; a ``ParamState`` when named in ``trainable``.
 
     Raises
     ------
@@ -209,6 +254,8 @@ class LIF(Neuron):
     ...     s = lif(jnp.full((2, 4), 1.5) * u.mV)   # spikes, shape (2, 4), unitless
     """
 
+    TRAINABLE = ('tau', 'V_th')
+
     def __init__(
         self,
         in_size: Union[int, Sequence[int]],
@@ -219,14 +266,15 @@ class LIF(Neuron):
         spike_fn: Callable = Sigmoid(4.0),
         reset: str = 'subtract',
         detach_reset: bool = False,
+        trainable: Union[str, Sequence[str]] = (),
         name: Optional[str] = None,
     ):
         super().__init__(in_size, name=name)
+        self.tau = None if isinstance(self, IF) else _time_constant('tau', tau)   # IF: no leak
         if reset not in _RESET_MODES:
             raise ValueError(f'reset must be one of {_RESET_MODES}, got {reset!r}.')
         if not callable(spike_fn):
             raise TypeError(f'spike_fn must be callable, got {type(spike_fn).__name__}.')
-        self.tau = _time_constant('tau', tau)
         self.V_th = V_th
         self.V_reset = _voltage('V_reset', V_reset, V_th, 'V_th')
         self.V_rest = _voltage('V_rest', V_rest, V_th, 'V_th')
@@ -236,6 +284,7 @@ class LIF(Neuron):
         self.spike_fn = spike_fn
         self.reset = reset
         self.detach_reset = bool(detach_reset)
+        self._make_trainable(trainable)
 
     def init_state(self, batch_size: Optional[int] = None, **kwargs):
         """Create ``V`` filled with ``V_rest``, shape ``(batch_size, *in_size)`` or ``in_size``."""
@@ -247,10 +296,11 @@ class LIF(Neuron):
 
     def threshold(self):
         """Current firing threshold (``V_th`` for LIF), in the voltage unit."""
-        return self.V_th
+        return _value(self.V_th)
 
     def _spike_of(self, V, threshold):
-        return self.spike_fn(u.maybe_decimal((V - threshold) / (self.V_th - self.V_reset)))
+        scale = _value(self.V_th) - self.V_reset
+        return self.spike_fn(u.maybe_decimal((V - threshold) / scale))
 
     def spike(self) -> jax.Array:
         """Spike of the stored state, ``f((V - threshold) / (V_th - V_reset))``.
@@ -272,6 +322,15 @@ class LIF(Neuron):
     def _integrate(self, V, x):
         return self.V_rest + (V - self.V_rest) * _decay(self.tau) + x
 
+    def _step(self, x):
+        """Spike and reset of the stored state, then the input ``x``; returns the new spike."""
+        V = self.V.value
+        self._check_input(x, V)
+        threshold = self.threshold()
+        V = self._reset(V, self._spike_of(V, threshold), threshold)
+        self.V.value = self._integrate(V, x)
+        return self.spike()
+
     def update(self, x) -> jax.Array:
         """Advance one step of length ``dt``.
 
@@ -286,12 +345,7 @@ class LIF(Neuron):
         jax.Array
             Spikes of the new state, unitless, shape of ``V``.
         """
-        V = self.V.value
-        self._check_input(x, V)
-        threshold = self.threshold()
-        V = self._reset(V, self._spike_of(V, threshold), threshold)
-        self.V.value = self._integrate(V, x)
-        return self.spike()
+        return self._step(x)
 
 
 # --------------------------------------------------------------------------- ALIF
@@ -316,6 +370,8 @@ class ALIF(LIF):
     ----------
     in_size, tau, V_th, V_reset, V_rest, spike_fn, reset, name
         As in :class:`LIF`.
+    trainable : str or sequence of str, default ()
+        Constants among ``('tau', 'tau_a', 'V_th', 'beta')`` to learn.
     detach_reset : bool, default False
         If true, no gradient flows through the spike that drives the reset and
         the adaptation increment.
@@ -333,6 +389,8 @@ class ALIF(LIF):
         Adaptation variable (unitless, +1 per spike), same shape as ``V``.
     """
 
+    TRAINABLE = ('tau', 'tau_a', 'V_th', 'beta')
+
     def __init__(
         self,
         in_size: Union[int, Sequence[int]],
@@ -345,6 +403,7 @@ class ALIF(LIF):
         spike_fn: Callable = Sigmoid(4.0),
         reset: str = 'subtract',
         detach_reset: bool = False,
+        trainable: Union[str, Sequence[str]] = (),
         name: Optional[str] = None,
     ):
         super().__init__(in_size, tau=tau, V_th=V_th, V_reset=V_reset, V_rest=V_rest,
@@ -354,6 +413,7 @@ class ALIF(LIF):
         if beta is None:
             beta = 0.05 * (self.V_th - self.V_reset)
         self.beta = _voltage('beta', beta, V_th, 'V_th')
+        self._make_trainable(trainable)
 
     def init_state(self, batch_size: Optional[int] = None, **kwargs):
         """Create ``V`` (filled with ``V_rest``) and ``a`` (zeros)."""
@@ -367,7 +427,7 @@ class ALIF(LIF):
 
     def threshold(self):
         """Current threshold ``V_th + beta * a`` (voltage unit, shape of ``a``)."""
-        return self.V_th + self.beta * self.a.value
+        return _value(self.V_th) + _value(self.beta) * self.a.value
 
     def update(self, x) -> jax.Array:
         """Advance one step of length ``dt``; ``x`` and the return value as in :meth:`LIF.update`."""
@@ -381,6 +441,134 @@ class ALIF(LIF):
         self.a.value = self.a.value * _decay(self.tau_a) + spike
         self.V.value = self._integrate(V, x)
         return self.spike()
+
+
+# --------------------------------------------------------------------------- IF
+class IF(LIF):
+    r"""Integrate-and-fire neuron without leak (one hidden state ``V``, stored before reset).
+
+    As :class:`LIF` with an infinite time constant:
+
+    .. math::
+
+        V_t = \tilde V + x_t, \qquad s_t = f\big((V_t - V_{th}) / (V_{th} - V_{reset})\big)
+
+    where :math:`\tilde V` is :math:`V_{t-1}` reset by its spike :math:`s_{t-1}`.
+    ``V_rest`` is only the initial value of ``V``. No time constant, so ``dt``
+    is not read.
+
+    Parameters
+    ----------
+    in_size, V_th, V_reset, V_rest, spike_fn, reset, detach_reset, name
+        As in :class:`LIF`.
+    trainable : str or sequence of str, default ()
+        ``'V_th'`` to learn the threshold.
+
+    Attributes
+    ----------
+    V : brainstate.HiddenState
+        Membrane potential before reset, in the voltage unit.
+    """
+
+    TRAINABLE = ('V_th',)
+
+    def __init__(
+        self,
+        in_size: Union[int, Sequence[int]],
+        V_th=1.0,
+        V_reset=0.0,
+        V_rest=0.0,
+        spike_fn: Callable = Sigmoid(4.0),
+        reset: str = 'subtract',
+        detach_reset: bool = False,
+        trainable: Union[str, Sequence[str]] = (),
+        name: Optional[str] = None,
+    ):
+        super().__init__(in_size, tau=None, V_th=V_th, V_reset=V_reset, V_rest=V_rest,
+                         spike_fn=spike_fn, reset=reset, detach_reset=detach_reset,
+                         trainable=trainable, name=name)
+
+    def _integrate(self, V, x):
+        return V + x
+
+
+# --------------------------------------------------------------------------- CubaLIF
+class CubaLIF(LIF):
+    r"""Current-based LIF: a leaky synaptic current ``I`` drives a LIF membrane ``V``.
+
+    States ``V`` (before reset) and ``I``, both in the voltage unit: ``I`` is
+    the synaptic drive expressed as the voltage increment it delivers in one
+    step. One ``update(x)`` step:
+
+    .. math::
+
+        s_{t-1} &= f\big((V_{t-1} - V_{th}) / (V_{th} - V_{reset})\big) \\
+        I_t &= I_{t-1}\, e^{-dt/\tau_{syn}} + x_t \\
+        V_t &= V_{rest} + (\tilde V - V_{rest})\, e^{-dt/\tau} + I_t \\
+        s_t &= f\big((V_t - V_{th}) / (V_{th} - V_{reset})\big)
+
+    with :math:`\tilde V` the reset of :math:`V_{t-1}` by :math:`s_{t-1}` as in
+    :class:`LIF`. An input pulse ``x`` at one step thus raises ``V`` over the
+    following steps with a difference of two exponentials (the "synaptic"
+    neuron of the literature).
+
+    Parameters
+    ----------
+    in_size, tau, V_th, V_reset, V_rest, spike_fn, reset, detach_reset, name
+        As in :class:`LIF`.
+    tau_syn : float or Quantity, default 5.0
+        Synaptic time constant (same kind as ``tau``: plain ms or a time).
+    trainable : str or sequence of str, default ()
+        Constants among ``('tau', 'tau_syn', 'V_th')`` to learn.
+
+    Attributes
+    ----------
+    V : brainstate.HiddenState
+        Membrane potential before reset, in the voltage unit.
+    I : brainstate.HiddenState
+        Synaptic drive, in the voltage unit, same shape as ``V``; starts at 0.
+    """
+
+    TRAINABLE = ('tau', 'tau_syn', 'V_th')
+
+    def __init__(
+        self,
+        in_size: Union[int, Sequence[int]],
+        tau=10.0,
+        tau_syn=5.0,
+        V_th=1.0,
+        V_reset=0.0,
+        V_rest=0.0,
+        spike_fn: Callable = Sigmoid(4.0),
+        reset: str = 'subtract',
+        detach_reset: bool = False,
+        trainable: Union[str, Sequence[str]] = (),
+        name: Optional[str] = None,
+    ):
+        super().__init__(in_size, tau=tau, V_th=V_th, V_reset=V_reset, V_rest=V_rest,
+                         spike_fn=spike_fn, reset=reset, detach_reset=detach_reset, name=name)
+        self.tau_syn = _time_constant('tau_syn', tau_syn)
+        u.fail_for_dimension_mismatch(self.tau_syn, self.tau,
+                                      'tau_syn must have the kind of tau')
+        self._make_trainable(trainable)
+
+    def init_state(self, batch_size: Optional[int] = None, **kwargs):
+        """Create ``V`` (filled with ``V_rest``) and ``I`` (zeros in the voltage unit)."""
+        super().init_state(batch_size)
+        self.I = brainstate.HiddenState(self._filled(self._state_shape(batch_size),
+                                                     self.V_rest * 0))
+
+    def reset_state(self, batch_size: Optional[int] = None, **kwargs):
+        """Set ``V`` back to ``V_rest`` and ``I`` to zero."""
+        super().reset_state(batch_size)
+        self.I.value = self._filled(self._state_shape(batch_size), self.V_rest * 0)
+
+    def update(self, x) -> jax.Array:
+        """Advance one step of length ``dt``; ``x`` (the synaptic input of the step, in the
+        unit of ``V``) and the return value as in :meth:`LIF.update`."""
+        self._check_input(x, self.V.value)
+        self.I.value = self.I.value * _decay(self.tau_syn) + x
+        return self._step(self.I.value)
 
 
 # --------------------------------------------------------------------------- LI
@@ -399,6 +587,8 @@ class LI(Neuron):
         Time constant; a plain number is in ms, else a time quantity.
     V_rest : float or Quantity, default 0.0
         Resting and initial value; its unit is the unit of ``V`` and of the input.
+    trainable : str or sequence of str, default ()
+        ``'tau'`` to learn the time constant (see the module docstring).
     name : str, optional
         Module name.
 
@@ -408,11 +598,14 @@ class LI(Neuron):
         Shape ``(batch, *in_size)`` or ``in_size``, in the unit of ``V_rest``.
     """
 
+    TRAINABLE = ('tau',)
+
     def __init__(self, in_size: Union[int, Sequence[int]], tau=10.0, V_rest=0.0,
-                 name: Optional[str] = None):
+                 trainable: Union[str, Sequence[str]] = (), name: Optional[str] = None):
         super().__init__(in_size, name=name)
         self.tau = _time_constant('tau', tau)
         self.V_rest = V_rest
+        self._make_trainable(trainable)
 
     def init_state(self, batch_size: Optional[int] = None, **kwargs):
         """Create ``V`` filled with ``V_rest``."""

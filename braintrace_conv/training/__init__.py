@@ -2,7 +2,8 @@
 
 * :mod:`.trainer`: :class:`Trainer` (per-sequence and truly online updates,
   evaluation, data checks, non-finite guard);
-* :mod:`.loss`: the time-weighted cross-entropy of training and evaluation;
+* :mod:`.loss`: the losses of training and evaluation (per-step cross-entropy,
+  spike-count cross-entropy and MSE, membrane maximum or mean over time);
 * :mod:`.params`: parameters as mantissas in their own units, for optimisers;
 * :mod:`.checkpoint`: checkpoints as digest-checked ``.npz`` data;
 * :mod:`.run_dir`: the files of a run directory, never overwritten silently;
@@ -10,11 +11,13 @@
 """
 from .checkpoint import CheckpointError, ConfigMismatchError
 from .logs import SCALAR_COLUMNS
-from .loss import cross_entropy, step_weights, weighted_cross_entropy
+from .loss import (LOSSES, SEQUENCE_LOSSES, cross_entropy, sequence_loss, step_weights,
+                   weighted_cross_entropy)
 from .run_dir import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, METRICS_NAME, SCALARS_NAME,
                       TENSORBOARD_DIR)
 from .trainer import NONFINITE, Trainer
 
 __all__ = ['Trainer', 'NONFINITE', 'CheckpointError', 'ConfigMismatchError', 'cross_entropy',
+           'LOSSES', 'SEQUENCE_LOSSES', 'sequence_loss',
            'step_weights', 'weighted_cross_entropy', 'LAST_CHECKPOINT', 'BEST_CHECKPOINT',
            'METRICS_NAME', 'SCALARS_NAME', 'CURVE_NAME', 'TENSORBOARD_DIR', 'SCALAR_COLUMNS']

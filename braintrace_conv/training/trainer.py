@@ -11,8 +11,18 @@ Data layout: batches are time-major, inputs ``xs`` of shape ``(T, B,
 for DVS frames, any rank the model takes -- and integer labels ``(B,)``; the
 model maps one step ``(B, *frame_shape)`` to dimensionless class scores ``(B,
 K)``. The loss and the prediction are those of
-:mod:`braintrace_conv.training.loss` (softmax cross-entropy weighted over
-time steps, ``loss='every_step'`` or ``'final'``).
+:mod:`braintrace_conv.training.loss`: a cross-entropy weighted over time
+steps (``loss='every_step'`` or ``'final'``), or a loss of the whole
+sequence (spike-count cross-entropy or MSE, membrane maximum or mean over
+time), trained exactly in two passes per batch.
+
+Spikes: a step may return ``(scores, {layer name: spikes (B, ...)})``
+instead of the scores alone; those spikes feed the firing-rate regulariser
+(``rate_targets``) and the spike rates reported by :meth:`Trainer.evaluate`,
+together with those of every neuron module with a ``spike()`` method (this
+package's neurons) or ``get_spike()`` method (brainpy.state's), called
+without arguments after the step. A neuron of another kind (e.g. one that
+stores its potential after the reset) is reported by returning its spikes.
 
 Updates: ``update_every=None`` takes one optimiser step per batch of
 sequences, from the gradient of the whole sequence loss
@@ -64,7 +74,9 @@ from ..executors import Learner
 from ..units import split_unit
 from . import checkpoint, logs, placement, run_dir
 from ._files import atomic_write
-from .loss import LOSSES, predicted_labels, sequence_loss, step_weights, weighted_cross_entropy
+from .loss import (DEFAULT_TARGET_RATES, LOSSES, SEQUENCE_LOSSES, check_rate_targets,
+                   check_target_rates, linearised_step_loss, predicted_labels, rate_penalty,
+                   sequence_loss, step_weights, weighted_cross_entropy)
 from .params import ParamView
 
 __all__ = ['Trainer', 'NONFINITE']
@@ -81,16 +93,42 @@ def _axes(ndim: int, lead: tuple) -> Optional[tuple]:
     return None if spatial is None else lead + ('channel',) + spatial
 
 
-def _is_spiking(node) -> bool:
-    return isinstance(node, brainstate.nn.Module) and callable(getattr(node, 'spike', None))
+def _spike_method(node):
+    """The method giving the spikes of a neuron module's stored state: ``spike()`` (this
+    package's neurons) or ``get_spike()`` (brainpy.state's); None for other nodes."""
+    if not isinstance(node, brainstate.nn.Module):
+        return None
+    for name in ('spike', 'get_spike'):
+        if callable(getattr(node, name, None)):
+            return getattr(node, name)
+    return None
+
+
+def _fraction_spiking(spikes):
+    """Spikes ``(T, B, ...)`` -> the fraction of neurons spiking per step and sample ``(T, B)``."""
+    s = jnp.asarray(u.get_mantissa(spikes))
+    return jnp.mean(jnp.reshape(s, jnp.shape(s)[:2] + (-1,)), axis=-1)
 
 
 def _spike_rates(neurons: list):
     """``observe`` for ``Learner.predict``: per neuron module, the fraction spiking, ``(B,)``."""
     def observe(model):
         return [jnp.mean(jnp.reshape(s, (jnp.shape(s)[0], -1)), axis=1)
-                for s in (n.spike() for n in neurons)]
+                for s in (_spike_method(n)() for n in neurons)]
     return observe
+
+
+def _split_output(out) -> tuple:
+    """``(scores, spikes)`` of a model output: ``scores`` alone or the pair ``(scores,
+    {layer name: spikes})``; ``spikes`` is ``{}`` for scores alone."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+        return out
+    return out, {}
+
+
+def _step_loss(out, target):
+    """The executors' per-step loss: :func:`weighted_cross_entropy` of the scores."""
+    return weighted_cross_entropy(_split_output(out)[0], target)
 
 
 def data_fingerprint(dataset) -> Optional[dict]:
@@ -127,13 +165,27 @@ class Trainer:
         Applied to the parameters' mantissas, keyed like
         ``model.states(brainstate.ParamState)``. ``None`` makes an
         inference-only trainer (:meth:`evaluate`, :meth:`load_params`).
-    loss : {'every_step', 'final'}, default 'every_step'
-        Which steps carry the loss (and the prediction).
+    loss : str, default 'every_step'
+        One of :data:`~braintrace_conv.training.loss.LOSSES`:
+        ``'every_step'``, ``'final'``, ``'count_ce'``, ``'count_mse'``,
+        ``'max_membrane'``, ``'mean_membrane'`` (defined in
+        :mod:`braintrace_conv.training.loss`); it also sets the prediction.
     final_steps : int, default 1
         With ``loss='final'``, the number ``k`` of last steps weighted.
+    target_rates : (float, float), default (0.8, 0.2)
+        With ``loss='count_mse'``, the target rate per step of the true class
+        and of the other classes.
+    rate_targets : dict, optional
+        ``{layer name: target rate}``: add the firing-rate regulariser of
+        :mod:`braintrace_conv.training.loss` for these layers, whose spikes
+        the model returns with its scores (module docstring).
+    rate_strength : float, default 1.0
+        The weight lambda of the regulariser.
     update_every : int, optional
         ``None``: one update per batch of sequences; ``k``: truly online,
-        one update every ``k`` steps.
+        one update every ``k`` steps (only with ``'every_step'`` and
+        ``'final'`` and no ``rate_targets``: the others need the whole
+        sequence).
     nonfinite : {'skip', 'raise'}, default 'skip'
         An update with a non-finite loss, gradient or result is never
         applied: ``'skip'`` counts it in :attr:`skipped_updates` and warns,
@@ -166,14 +218,17 @@ class Trainer:
         The caller's description of the run (``fit(run_config=...)``),
         stored in checkpoints and compared on resume.
     spiking_layers : dict
-        Name (dotted path in the model) -> neuron module with ``spike()``,
-        whose spike rates :meth:`evaluate` reports.
+        Name (dotted path in the model) -> neuron module with ``spike()`` or
+        ``get_spike()``, whose spike rates :meth:`evaluate` reports (module
+        docstring).
     opt_state
         The optimiser state (``None`` without an optimiser).
     """
 
     def __init__(self, learner: Learner, optimizer: Optional[optax.GradientTransformation] = None,
                  *, loss: str = 'every_step', final_steps: int = 1,
+                 target_rates: tuple = DEFAULT_TARGET_RATES,
+                 rate_targets: Optional[dict] = None, rate_strength: float = 1.0,
                  update_every: Optional[int] = None, nonfinite: str = 'skip',
                  devices: placement.Devices = None):
         if not isinstance(learner, Learner):
@@ -188,14 +243,25 @@ class Trainer:
         self.optimizer = optimizer
         self.loss = one_of('loss', loss, LOSSES)
         self.final_steps = positive('final_steps', final_steps)
+        self.target_rates = check_target_rates(target_rates)
         self.update_every = (None if update_every is None
                              else positive('update_every', update_every))
+        self.rate_targets = check_rate_targets(rate_targets)
+        self.rate_strength = positive('rate_strength', rate_strength, float)
+        if self.update_every is not None and self._whole_sequence:
+            what = (f'loss {self.loss!r} is a loss of the whole sequence'
+                    if self.loss in SEQUENCE_LOSSES else 'the firing-rate regulariser '
+                    '(rate_targets) is a function of the whole sequence')
+            raise ValueError(f'{what}: its gradient needs the outputs of every step, so it '
+                             f'cannot update every {self.update_every} steps; use '
+                             f'update_every=None, or a per-step loss (every_step, final) '
+                             f'without rate_targets.')
         self.nonfinite = one_of('nonfinite', nonfinite, NONFINITE)
         self._parallel = placement.DataParallel(devices)
         self.mesh, self.devices = self._parallel.mesh, self._parallel.devices
         self._view = ParamView(self.model)
         self.spiking_layers = {'.'.join(map(str, k)): n for k, n in self.model.nodes().items()
-                               if _is_spiking(n)}
+                               if _spike_method(n) is not None}
         self._observe = _spike_rates(list(self.spiking_layers.values()))
         self._set_params(self._view.mantissas())
         self.opt_state = None if optimizer is None else self._parallel.replicate(
@@ -213,10 +279,20 @@ class Trainer:
 
     def config(self) -> dict:
         """The trainer's settings: ``algorithm``, ``loss``, ``final_steps``,
-        ``update_every``, ``nonfinite``."""
-        return dict(algorithm=self.learner.algorithm, loss=self.loss,
-                    final_steps=self.final_steps, update_every=self.update_every,
-                    nonfinite=self.nonfinite)
+        ``update_every``, ``nonfinite`` (and ``target_rates`` with ``'count_mse'``)."""
+        config = dict(algorithm=self.learner.algorithm, loss=self.loss,
+                      final_steps=self.final_steps, update_every=self.update_every,
+                      nonfinite=self.nonfinite)
+        if self.loss == 'count_mse':
+            config['target_rates'] = list(self.target_rates)
+        if self.rate_targets:
+            config.update(rate_targets=self.rate_targets, rate_strength=self.rate_strength)
+        return config
+
+    @property
+    def _whole_sequence(self) -> bool:
+        """Whether the loss is a function of the whole sequence (trained in two passes)."""
+        return self.loss in SEQUENCE_LOSSES or bool(self.rate_targets)
 
     def _set_params(self, mantissas: dict) -> None:
         """Replicate parameter mantissas on every device and write them to the model."""
@@ -240,6 +316,12 @@ class Trainer:
             except Exception as err:   # the model's own check of its input, whatever its type
                 raise ValueError(f'{name} does not fit the model: one step of shape (B, '
                                  f'{", ".join(map(str, frame_shape))}) gives: {err}') from err
+            out, spikes = _split_output(out)
+            missing = sorted(set(self.rate_targets) - set(spikes))
+            if missing:
+                raise ValueError(f'rate_targets names layers {missing} whose spikes the model '
+                                 f'does not return; a step must return (scores, {{layer name: '
+                                 f'spikes}}) with them, got spikes of {sorted(spikes)}.')
             if isinstance(out, (jax.ShapeDtypeStruct, u.Quantity)):
                 out, unit = split_unit(out, 'the model output')
             if not isinstance(out, jax.ShapeDtypeStruct) or len(out.shape) != 2:
@@ -362,9 +444,30 @@ class Trainer:
         each ``dL/dW`` in ``1 / unit(W)`` (plain arrays for plain parameters).
         """
         xs, labels = self._check_batch(xs, labels)
-        loss, grads = self.learner.value_and_grad(
-            weighted_cross_entropy, *self._placed(xs, labels, self._weights(xs.shape[0], 'xs')))
+        loss, grads, _ = self._sequence_gradient(xs, labels, self._weights(xs.shape[0], 'xs'))
         return float(loss), self._view.gradients(self._view.grad_mantissas(grads))
+
+    def _batch_loss(self, outputs, labels, weights):
+        """Per-sample loss ``(B,)`` of stacked outputs ``(T, B, ...)``: the loss of the
+        scores plus, with ``rate_targets``, the firing-rate regulariser."""
+        scores, spikes = _split_output(outputs)
+        loss = sequence_loss(scores, labels, weights, self.loss, self.target_rates)
+        if self.rate_targets:
+            loss = loss + rate_penalty(spikes, self.rate_targets, self.rate_strength)
+        return loss
+
+    def _sequence_gradient(self, xs: np.ndarray, labels: np.ndarray, weights: np.ndarray):
+        """``(loss, grads, outputs)`` of whole sequences. A loss of the whole sequence takes
+        two passes (:mod:`braintrace_conv.training.loss`): the outputs and the cotangents
+        ``dL/d output``, then the gradient of the linearised step loss."""
+        xs, targets = self._placed(xs, labels, weights)
+        if not self._whole_sequence:
+            return self.learner.value_and_grad(_step_loss, xs, targets, return_outputs=True)
+        outputs = self.learner.predict(xs)
+        loss, cotangents = jax.value_and_grad(
+            lambda out: jnp.mean(self._batch_loss(out, targets[0][0], weights)))(outputs)
+        _, grads = self.learner.value_and_grad(linearised_step_loss, xs, cotangents)
+        return loss, grads, outputs
 
     # ------------------------------------------------------------------ one batch
     def train_batch(self, xs, labels) -> tuple:
@@ -382,10 +485,9 @@ class Trainer:
     def _train_batch(self, xs: np.ndarray, labels: np.ndarray) -> tuple:
         weights = self._weights(xs.shape[0], 'xs')
         if self.update_every is None:
-            loss, grads, scores = self.learner.value_and_grad(
-                weighted_cross_entropy, *self._placed(xs, labels, weights), return_outputs=True)
+            loss, grads, outputs = self._sequence_gradient(xs, labels, weights)
             self._apply(self._view.grad_mantissas(grads), loss)
-            total, scores = float(loss), placement.to_host(scores)
+            total, scores = float(loss), placement.to_host(_split_output(outputs)[0])
         else:
             self.learner.reset(len(labels))
             total, chunks = 0.0, []
@@ -393,14 +495,14 @@ class Trainer:
             for start in range(0, len(weights), k):
                 part = slice(start, start + k)
                 loss, grads, chunk = self.learner.advance(
-                    weighted_cross_entropy, *self._placed(xs[part], labels, weights[part]),
+                    _step_loss, *self._placed(xs[part], labels, weights[part]),
                     return_outputs=True)
                 if weights[part].any():
                     self._apply(self._view.grad_mantissas(grads), loss)
                 total += float(loss)
-                chunks.append(placement.to_host(chunk))
+                chunks.append(placement.to_host(_split_output(chunk)[0]))
             scores = np.concatenate(chunks)
-        return total, int(np.sum(predicted_labels(scores, weights) == labels))
+        return total, int(np.sum(predicted_labels(scores, weights, self.loss) == labels))
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset, batch_size: int = 64) -> dict:
@@ -422,9 +524,10 @@ class Trainer:
         -------
         dict
             ``loss``: mean sequence loss; ``accuracy``: fraction in [0, 1] of
-            correct predictions; ``spike_rates``: per spiking layer name, the
-            mean number of spikes per neuron and time step (over all samples
-            and steps).
+            correct predictions; ``spike_rates``: per spiking layer name (the
+            neuron modules of :attr:`spiking_layers`, then the layers whose
+            spikes the model returns), the mean number of spikes per neuron
+            and time step (over all samples and steps).
         """
         batch_size = positive('batch_size', batch_size)
         self._check_dataset('dataset', dataset)
@@ -433,21 +536,26 @@ class Trainer:
         padded = self._parallel.padded_size(min(batch_size, len(dataset.labels)))
         n_total, correct, loss_sum = 0, 0, 0.0
         spike_sums = {name: 0.0 for name in self.spiking_layers}
+        returned = {}   # spikes the model returns; they replace a neuron's of the same name
         for xs, labels in self._batches('dataset', dataset, batch_size, shuffle=False):
             n = len(labels)
             pad = [(0, 0)] * xs.ndim
             pad[1] = (0, padded - n)
-            scores, rates = self.learner.predict(self._parallel.shard(np.pad(xs, pad)),
-                                                 observe=self._observe)
-            scores = placement.to_host(scores)[:, :n]
-            loss_sum += float(np.sum(sequence_loss(scores, labels, weights)))
-            correct += int(np.sum(predicted_labels(scores, weights) == labels))
-            for name, r in zip(spike_sums, rates):
+            outputs, rates = self.learner.predict(self._parallel.shard(np.pad(xs, pad)),
+                                                  observe=self._observe)
+            scores, spikes = _split_output(outputs)
+            scores, spikes = placement.to_host(scores)[:, :n], {
+                k: placement.to_host(_fraction_spiking(v))[:, :n] for k, v in spikes.items()}
+            loss_sum += float(np.sum(self._batch_loss((scores, spikes), labels, weights)))
+            correct += int(np.sum(predicted_labels(scores, weights, self.loss) == labels))
+            for name, r in zip(self.spiking_layers, rates):
                 spike_sums[name] += float(np.sum(placement.to_host(r)[:, :n]))
+            for name, r in spikes.items():
+                returned[name] = returned.get(name, 0.0) + float(np.sum(r))
             n_total += n
         steps = n_total * dataset.num_steps
         return dict(loss=loss_sum / n_total, accuracy=correct / n_total,
-                    spike_rates={k: v / steps for k, v in spike_sums.items()})
+                    spike_rates={k: v / steps for k, v in {**spike_sums, **returned}.items()})
 
     # ------------------------------------------------------------------ training
     def fit(self, train_dataset, *, epochs: int, batch_size: int, seed: int = 0,
@@ -833,5 +941,7 @@ def _summary_line(record: dict, epochs: int) -> str:
         line += f", {record['skipped_updates']} update(s) skipped (non-finite)"
     if 'test_accuracy' in record:
         rates = ', '.join(f'{k} {v:.3f}' for k, v in record['spike_rates'].items())
-        line += f", test acc {record['test_accuracy']:.1%}, spike rates [{rates}]"
+        line += f", test acc {record['test_accuracy']:.1%}"
+        if rates:
+            line += f", spike rates [{rates}]"
     return line + f" ({record['epoch_time_s']:.1f} s)"
