@@ -90,6 +90,8 @@ RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'sampl
                'steps', 'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay',
                'update_every', 'loss', 'final_steps', 'target_rates', 'rate_target',
                'rate_strength', 'nonfinite', 'data', 'sensor_size', 'window_us', 'stream')
+# Run options given as several values (``--target-rates 0.9 0.1``), not comma-separated.
+MULTI_VALUE_OPTIONS = ('target_rates', 'rate_target')
 # Options that only some tasks take.
 _TASK_OPTIONS = {'size': ('moving-bars', 'digits'), 'samples': ('moving-bars', 'digits', 'shd'),
                  'data': ('events',), 'sensor_size': ('events',), 'window_us': ('events',),
@@ -653,6 +655,8 @@ def _stored_run(stored: dict, path, usage: str) -> argparse.Namespace:
             continue        # stored by every run, meaningful only with --loss final
         if value is True:
             argv.append(_option(key))
+        elif key in MULTI_VALUE_OPTIONS and isinstance(value, list):
+            argv += [_option(key), *map(str, value)]
         elif value is not None and value is not False:
             shown = ','.join(map(str, value)) if isinstance(value, list) else value
             argv.append(f'{_option(key)}={shown}')
