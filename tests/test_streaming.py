@@ -325,7 +325,14 @@ def _huge_header(path, _):
     path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 48)
 
 
+def _cut_header(path, _):
+    header = b"{'descr': '<i8', 'fortran_order': False, 'shape': (3,"
+    header += b" " * (127 - 10 - len(header)) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)
+
+
 BAD_FILES = [  # (name, write(path, recording), error at listing?, message)
+    ("z.npy", _cut_header, True, "not a readable .npy array"),
     ("z.npy", lambda p, r: p.write_bytes(b""), True, "not a NumPy .npy array"),
     ("z.npz", _write_npz, True, "not a readable .npz archive|not a zip archive"),
     ("z.npy", _huge_header, True, r"declares 1000000000000 elements .* holds 48 bytes"),
