@@ -279,6 +279,14 @@ def test_hidden_entries_case_and_depth(tmp_path):
     assert tree_of(root) == before
 
 
+def test_files_only_at_the_top_are_refused_with_the_layout(tmp_path):
+    np.save(tmp_path / "a.npy", recording())
+    with pytest.raises(ValueError, match=r"no .npy or .npz files found in the class "
+                                         r"sub-directories of .* \(1 lie at another depth, e.g. "
+                                         r".*a.npy; the layout is root/<class>/<sample>.npy\)"):
+        stream_directory(tmp_path, **BINNING)
+
+
 def test_empty_and_single_classes_are_refused(tmp_path):
     root = dataset_tree(tmp_path / "data", classes=("a", "b"))
     (root / "c").mkdir()
