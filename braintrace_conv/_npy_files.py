@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -25,8 +26,8 @@ __all__ = ['NpyFileError', 'read_npy', 'read_npz', 'npy_header', 'npy_entries',
 
 # What a damaged or foreign file can raise from the zip and npy readers.
 _READ_ERRORS = (ValueError, OSError, EOFError, KeyError, IndexError, TypeError, SyntaxError,
-                zipfile.BadZipFile, zlib.error, NotImplementedError, UnicodeDecodeError,
-                MemoryError, RecursionError, OverflowError)
+                tokenize.TokenError, zipfile.BadZipFile, zlib.error, NotImplementedError,
+                UnicodeDecodeError, MemoryError, RecursionError, OverflowError)
 _METHODS = {zipfile.ZIP_STORED: 'stored', zipfile.ZIP_DEFLATED: 'deflated'}
 
 

@@ -614,6 +614,8 @@ class TestFromDirectory:
         (tmp_path / "cls").mkdir()
         with pytest.raises(ValueError, match="no .npy or .npz files"):
             from_directory(tmp_path, sensor_size=SENSOR, n_time_bins=2)
-        np.savez(tmp_path / "cls" / "two.npz", a=np.zeros(1), b=np.zeros(1))
+        for name in ("cls", "other"):     # two classes, as a classifier needs
+            (tmp_path / name).mkdir(exist_ok=True)
+            np.savez(tmp_path / name / "two.npz", a=np.zeros(1), b=np.zeros(1))
         with pytest.raises(ValueError, match="'events' or exactly one array"):
             from_directory(tmp_path, sensor_size=SENSOR, n_time_bins=2)

@@ -279,6 +279,14 @@ def test_hidden_entries_case_and_depth(tmp_path):
     assert tree_of(root) == before
 
 
+def test_files_only_at_the_top_are_refused_with_the_layout(tmp_path):
+    np.save(tmp_path / "a.npy", recording())
+    with pytest.raises(ValueError, match=r"no .npy or .npz files found in the class "
+                                         r"sub-directories of .* \(1 lie at another depth, e.g. "
+                                         r".*a.npy; the layout is root/<class>/<sample>.npy\)"):
+        stream_directory(tmp_path, **BINNING)
+
+
 def test_empty_and_single_classes_are_refused(tmp_path):
     root = dataset_tree(tmp_path / "data", classes=("a", "b"))
     (root / "c").mkdir()
@@ -325,7 +333,14 @@ def _huge_header(path, _):
     path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 48)
 
 
+def _cut_header(path, _):
+    header = b"{'descr': '<i8', 'fortran_order': False, 'shape': (3,"
+    header += b" " * (127 - 10 - len(header)) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)
+
+
 BAD_FILES = [  # (name, write(path, recording), error at listing?, message)
+    ("z.npy", _cut_header, True, "not a readable .npy array"),
     ("z.npy", lambda p, r: p.write_bytes(b""), True, "not a NumPy .npy array"),
     ("z.npz", _write_npz, True, "not a readable .npz archive|not a zip archive"),
     ("z.npy", _huge_header, True, r"declares 1000000000000 elements .* holds 48 bytes"),

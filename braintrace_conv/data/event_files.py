@@ -275,8 +275,11 @@ def _list_directory(root: Path) -> tuple[list, list]:
                 misplaced += [Path(folder, n) for n in names
                               if not n.startswith(".") and _is_event_file(Path(n))]
     if not any(files):
+        elsewhere = (f" ({len(misplaced)} lie at another depth, e.g. {misplaced[0]}; the "
+                     "layout is root/<class>/<sample>.npy)") if misplaced else ""
         raise ValueError(
             f"no .npy or .npz files found in the class sub-directories of {str(root)!r}"
+            + elsewhere
         )
     empty = [d.name for d, f in zip(class_dirs, files) if not f]
     if empty:
