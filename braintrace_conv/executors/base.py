@@ -408,8 +408,7 @@ class OnlineLearner(Learner):
         loss0 = jnp.zeros((), jnp.result_type(float))
         (((hidden, _), state), acc_w, acc_p, acc_dyn, loss), outs = lax.scan(
             body, (((hidden, first_a), state), zeros_w, zeros_p, zeros_dyn, loss0), (xs, targets))
-        grads = self._gather(graph, params, pull_back, weights, acc_w, acc_dyn,
-                             dict(zip(direct, acc_p)))
+        grads = self._gather(graph, pull_back, weights, acc_w, acc_dyn, dict(zip(direct, acc_p)))
         return loss, grads, hidden, state, outs
 
     def _windowed_sequence(self, graph, loss_fn, params, hidden, state, xs, targets,
@@ -437,8 +436,8 @@ class OnlineLearner(Learner):
             g_params, g_hidden = vjp(jnp.ones_like(loss))
             dw, d_dyn = self._boundary(graph, state, dict(zip(traced, g_hidden)), weights)
             acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, g_params)]
-            acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw.get(j, {}))
-                     if j in dw else a for j, a in enumerate(acc_w)]
+            acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[j]) if j in dw else a
+                     for j, a in enumerate(acc_w)]
             acc_dyn = [a + b for a, b in zip(acc_dyn, d_dyn)]
             first_a = self._first_jacobian(graph, hidden, params, weights, xb)
             ((hidden, _), state), _ = lax.scan(
@@ -463,8 +462,7 @@ class OnlineLearner(Learner):
             outs.append(o)
         hidden, state, acc_p, acc_w, acc_dyn, loss = carry
         outs = (jax.tree.map(lambda *a: jnp.concatenate(a), *outs) if return_outputs else None)
-        grads = self._gather(graph, params, pull_back, weights, acc_w, acc_dyn,
-                             dict(enumerate(acc_p)))
+        grads = self._gather(graph, pull_back, weights, acc_w, acc_dyn, dict(enumerate(acc_p)))
         return loss, grads, hidden, state, outs
 
     def _boundary(self, graph, state, g_hidden, weights):
@@ -489,7 +487,7 @@ class OnlineLearner(Learner):
             d_dyn.append(d)
         return dw, d_dyn
 
-    def _gather(self, graph, params, pull_back, weights, acc_w, acc_dyn, acc_p: dict):
+    def _gather(self, graph, pull_back, weights, acc_w, acc_dyn, acc_p: dict):
         """Parameter-leaf gradients from the accumulators: weight operands pulled back,
         parameter gradients (``{leaf: acc}``) added, dynamic-parameter ones contracted."""
         (grads,) = pull_back(jax.tree.map(lambda a, w: a.astype(w.dtype), acc_w, weights))
