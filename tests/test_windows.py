@@ -205,7 +205,7 @@ def test_chunks_that_are_whole_windows_equal_one_call():
     loss, grads = learner.value_and_grad(xent, xs, labels)
     learner.reset(2)
     total, acc = 0.0, None
-    for s, n in ((0, 6), (6, 3), (9, 3)):
+    for s, n in ((0, 6), (6, 6)):
         l, g = learner.advance(xent, xs[s:s + n], labels[s:s + n])
         total, acc = total + l, g if acc is None else jax.tree.map(jnp.add, acc, g)
     np.testing.assert_allclose(total, loss, rtol=1e-12)
@@ -322,3 +322,13 @@ def test_window_must_be_a_positive_integer(bad):
 def test_numpy_integer_windows_are_accepted():
     assert bc.D_RTRL(UserConvNet(False), window=np.int64(4)).window == 4
 
+
+def test_trainer_stores_the_window_and_keeps_it_within_online_chunks():
+    import optax
+    from braintrace_conv.training import Trainer
+    model = UserConvNet(False)
+    trainer = Trainer(bc.D_RTRL(model, window=4), optax.sgd(0.1), update_every=8)
+    assert trainer.config()['window'] == 4
+    assert 'window' not in Trainer(bc.D_RTRL(model), optax.sgd(0.1)).config()
+    with pytest.raises(ValueError, match=r'window \(4 steps\) exceeds update_every \(2\)'):
+        Trainer(bc.D_RTRL(model, window=4), optax.sgd(0.1), update_every=2)
