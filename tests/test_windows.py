@@ -14,6 +14,7 @@ import braintrace_conv as bc
 import braintrace_conv.models
 from braintrace_conv import nn
 from snn_reference import EXACT, cosine, rel_err, spike, xent
+from test_executors_user_models import Parametric
 
 
 @pytest.fixture(autouse=True, scope='module')
@@ -135,37 +136,11 @@ def test_a_window_as_long_as_the_sequence_is_bptt(name, model_name):
     assert max(err.values()) < EXACT, err
 
 
-class OneLayerParametric(brainstate.nn.Module):
-    """Conv (bias after the op), per-channel trainable tau, threshold and reset value, a
-    reset-after-spike neuron, dense readout: one layer with diagonal dynamics."""
-
-    def __init__(self, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 2, 4)) * 0.8))
-        self.bias = brainstate.ParamState(jnp.asarray(rng.normal(size=4) * 0.2))
-        self.tau = brainstate.ParamState(jnp.asarray(rng.uniform(3.0, 8.0, size=4)))
-        self.theta = brainstate.ParamState(jnp.full((1, 4), 0.8))
-        self.v_reset = brainstate.ParamState(jnp.asarray(0.1))
-        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(7 * 4, 3)) * 0.3))
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 7, 4)))
-
-    def update(self, x):
-        y = bc.conv(x, self.K.value, strides=1, padding='SAME',
-                    dimension_numbers=('NWC', 'WIO', 'NWC')) + self.bias.value
-        v = jnp.exp(-1.0 / self.tau.value) * self.h.value + y
-        s = spike(v - self.theta.value)
-        self.h.value = v - s * (self.theta.value - self.v_reset.value)
-        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
-
-
 def test_drtrl_windows_stay_exact_on_one_layer_with_parameters_in_the_dynamics():
     """Traces are exact on one diagonal layer, so every window (4 does not divide T = 10)
     is exact too, including tau, threshold and reset value, whose trace crosses the
     reset (h = R(z, phi))."""
-    model = OneLayerParametric()
+    model = Parametric()     # conv, bias after it, trainable tau, threshold and reset value
     xs, labels = data((3, 7, 2), T=10, p=0.5)
     ref = grads_of(bc.BPTT(model), xs, labels)
     err = errors(grads_of(bc.D_RTRL(model, window=4), xs, labels), ref)
