@@ -85,13 +85,17 @@ def sequence_loss(step: TracedStep, loss_fn, params, hidden, xs, targets, return
         x, target = inp
         new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
         out = jax.tree.unflatten(step.out_tree, out)
-        loss = loss_fn(out, target)
-        if jnp.shape(loss) != ():
-            raise ValueError(f'loss_fn must return a scalar, got shape {jnp.shape(loss)}.')
-        return new_h, (loss, out if return_outputs else None)
+        return new_h, (_scalar_loss(loss_fn, out, target), out if return_outputs else None)
 
     h_final, (losses, outs) = lax.scan(body, hidden, (xs, targets))
     return jnp.sum(losses), (h_final, outs)
+
+
+def _scalar_loss(loss_fn, output, target):
+    loss = loss_fn(output, target)
+    if jnp.shape(loss) != ():
+        raise ValueError(f'loss_fn must return a scalar, got shape {jnp.shape(loss)}.')
+    return loss
 
 
 def _window_value(window):
@@ -365,11 +369,12 @@ class OnlineLearner(Learner):
             graph, hidden, params, weights, [zeros_like(a[0]) for a in jax.tree.leaves(xs)],
             {k: zeros_like(op.y_aval) for k, op in enumerate(graph.ops)})
 
-    def _step(self, graph, params, weights, carry, x, target, loss_fn):
+    def _step(self, graph, params, weights, carry, x, target, loss_fn, ys=None):
         """One step: ``(signals, new carry)`` with the carry ``((h, A), state)``."""
         (h, a), st = carry
         sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
-                           st['release'], A=a, next_jacobian=self._early_jacobian(graph))
+                           st['release'], A=a, next_jacobian=self._early_jacobian(graph),
+                           ys=ys)
         st = dict(ops=self._advance_ops(graph, st['ops'], sig, weights), release=sig.release,
                   dyn=self._dynamic_traces(graph, st['dyn'], sig))
         return sig, ((sig.new_hidden, sig.A_next), st)
@@ -429,10 +434,21 @@ class OnlineLearner(Learner):
                 h = list(hidden)
                 for leaf, v in zip(traced, h_traced):
                     h[leaf] = v
-                return sequence_loss(step, loss_fn, p, h, xb, tb, return_outputs)
 
-            loss, vjp, (_, outs) = jax.vjp(block_loss, params, [hidden[l] for l in traced],
-                                           has_aux=True)
+                def body(h, inp):
+                    x, target = inp
+                    new_h, out, rec = graph.run(h, p, jax.tree.leaves(x))
+                    out = jax.tree.unflatten(step.out_tree, out)
+                    return new_h, (_scalar_loss(loss_fn, out, target),
+                                   out if return_outputs else None,
+                                   jax.tree.map(lax.stop_gradient, rec['ys']))
+
+                _, (losses, outs, ys) = lax.scan(body, h, (xb, tb))
+                return jnp.sum(losses), (outs, ys)
+
+            # the ops' outputs of the block's forward pass serve the trace updates too
+            loss, vjp, (outs, ys) = jax.vjp(block_loss, params, [hidden[l] for l in traced],
+                                            has_aux=True)
             g_params, g_hidden = vjp(jnp.ones_like(loss))
             dw, d_dyn = self._boundary(graph, state, dict(zip(traced, g_hidden)), weights)
             acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, g_params)]
@@ -441,8 +457,9 @@ class OnlineLearner(Learner):
             acc_dyn = [a + b for a, b in zip(acc_dyn, d_dyn)]
             first_a = self._first_jacobian(graph, hidden, params, weights, xb)
             ((hidden, _), state), _ = lax.scan(
-                lambda c, x: (self._step(graph, params, weights, c, x, None, _no_loss)[1], None),
-                ((hidden, first_a), state), xb)
+                lambda c, inp: (self._step(graph, params, weights, c, inp[0], None, _no_loss,
+                                           ys=inp[1])[1], None),
+                ((hidden, first_a), state), (xb, ys))
             return (hidden, state, acc_p, acc_w, acc_dyn,
                     loss_sum + loss.astype(loss_sum.dtype)), outs
 
