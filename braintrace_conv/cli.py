@@ -89,7 +89,8 @@ ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
 RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'samples', 'size',
                'steps', 'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay',
                'update_every', 'loss', 'final_steps', 'target_rates', 'rate_target',
-               'rate_strength', 'nonfinite', 'data', 'sensor_size', 'window_us', 'stream')
+               'rate_strength', 'nonfinite', 'data', 'sensor_size', 'window_us', 'stream',
+               'window')
 # Run options given as several values (``--target-rates 0.9 0.1``), not comma-separated.
 MULTI_VALUE_OPTIONS = ('target_rates', 'rate_target')
 # Options that only some tasks take.
@@ -210,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--update-every', type=int,
                        help='truly online: optimiser step every K time steps '
                             '(default: once per batch of sequences)')
+    train.add_argument('--window', type=int, metavar='K',
+                       help='d-rtrl / es-d-rtrl: exact BPTT inside windows of K steps, '
+                            'eligibility traces across them (memory grows with K, not T; '
+                            'default: traces only)')
     train.add_argument('--loss', choices=tuple(n.replace('_', '-') for n in LOSSES),
                        default='every-step',
                        help='cross-entropy at every step or the final steps; or a loss of the '
@@ -351,6 +356,14 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
         fail('--final-steps applies only with --loss final')
     if args.final_steps is None:
         args.final_steps = 1
+    if args.window is not None and args.window <= 0:
+        fail(f'--window must be positive, got {args.window}')
+    if args.window is not None and args.algorithm == 'bptt':
+        fail('--window applies only to --algorithm d-rtrl or es-d-rtrl (BPTT is exact already)')
+    if args.window is not None and args.update_every is not None \
+            and args.window > args.update_every:
+        fail(f'--window ({args.window}) exceeds --update-every ({args.update_every}): a window '
+             f'never spans two online chunks')
     if args.loss == 'final' and args.final_steps > args.steps:
         fail(f'--final-steps ({args.final_steps}) exceeds --steps ({args.steps})')
     args.devices = _devices(args.devices, usage)
@@ -365,7 +378,8 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
 # Options stored only when they take effect, so runs made before they existed still resume.
 _STORED_WHEN = {'target_rates': lambda args: args.loss == 'count-mse',
                 'rate_target': lambda args: bool(args.rate_target),
-                'rate_strength': lambda args: bool(args.rate_target)}
+                'rate_strength': lambda args: bool(args.rate_target),
+                'window': lambda args: args.window is not None}
 
 
 def _run_config(args) -> dict:
@@ -442,9 +456,9 @@ def _learner(args, model):
     if args.algorithm == 'bptt':
         return BPTT(model)
     if args.algorithm == 'd-rtrl':
-        return D_RTRL(model)
+        return D_RTRL(model, window=args.window)
     decay = model.membrane_decay() if args.decay is None else args.decay
-    return ES_D_RTRL(model, decay)
+    return ES_D_RTRL(model, decay, window=args.window)
 
 
 def _setup(args, usage: str, *, train: bool = True):
@@ -576,6 +590,8 @@ def _train(args, usage: str, start: float) -> int:
         print(f'{args.task}: {len(train)} train / {len(test)} test samples, '
               f'T={train.num_steps}, frames {train.frame_shape}; {learner.algorithm}'
               + (f' (decay {learner.decay:.4f})' if isinstance(learner, ES_D_RTRL) else '')
+              + (f', exact within windows of {learner.window} steps'
+                 if getattr(learner, 'window', None) else '')
               + f'; {args.devices} device(s); run directory {args.out}', flush=True)
     try:
         trainer.fit(train, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed,

@@ -23,6 +23,7 @@ REQUIRED = {'test_accuracy', 'train_loss', 'algorithm', 'task', 'wall_time_s', '
 @pytest.mark.parametrize('extra, algorithm', [
     ([], 'ES-D-RTRL'),
     (['--task', 'digits', '--algorithm', 'bptt', '--update-every', '3'], 'BPTT'),
+    (['--algorithm', 'd-rtrl', '--window', '3', '--update-every', '3'], 'D-RTRL'),
 ])
 def test_train_smoke(tmp_path, capsys, extra, algorithm):
     assert main(['train', *TINY, *extra, '--out', str(tmp_path)]) == 0
@@ -35,6 +36,9 @@ def test_train_smoke(tmp_path, capsys, extra, algorithm):
         assert (tmp_path / name).exists(), name
     out = capsys.readouterr().out
     assert 'test accuracy' in out and 'wall time' in out and 'peak RSS' in out
+    if '--window' in extra:     # stored with the run, so --resume checks it
+        assert metrics['run_config']['window'] == 3
+        assert checkpoint.read(tmp_path / LAST_CHECKPOINT)[1]['trainer']['window'] == 3
 
 
 @pytest.fixture(scope='module')
@@ -112,7 +116,7 @@ def test_help_and_version(capsys):
     assert main(['train', '--help']) == 0
     text = capsys.readouterr().out
     assert all(option in text for option in ('--update-every', '--resume', '--overwrite',
-                                             '--nonfinite', '--log-every'))
+                                             '--nonfinite', '--log-every', '--window'))
     assert main(['--version']) == 0
     assert capsys.readouterr().out.startswith('braintrace-conv ')
 

@@ -12,7 +12,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / 'docs'
 THEORY_ANCHORS = ('notation', 'd-rtrl', 'old-state', 'neuron-parameters', 'conv-kernel-trace',
-                  'es-d-rtrl', 'rule-contract', 'exactness')
+                  'es-d-rtrl', 'rule-contract', 'windows', 'exactness')
 
 
 def _python_blocks(path: pathlib.Path) -> list:

@@ -17,6 +17,11 @@ state's value. For a ``saiunit`` quantity parameter the gradient is a
 quantity in the inverse unit (``dL/dtheta``, the loss being unitless); its
 mantissa is the derivative with respect to the parameter's mantissa, which is
 what an optimiser updates.
+
+With ``window=k`` the online executors cut every call's sequence into windows
+of ``k`` steps (the last one shorter when ``k`` does not divide ``T``): a
+window never spans two calls, so ``advance()`` chunks whose length is a
+multiple of ``k`` give the gradients of one whole-sequence call.
 """
 from __future__ import annotations
 
@@ -71,6 +76,40 @@ def _signature(step_inputs, model):
     return (jax.tree.structure(step_inputs),
             tuple((np.shape(a), jnp.result_type(a)) for a in leaves),
             tuple((np.shape(a), jnp.result_type(a)) for a in states))
+
+
+def sequence_loss(step: TracedStep, loss_fn, params, hidden, xs, targets, return_outputs):
+    """``(sum_t loss_fn(output_t, target_t), (final hidden, outputs or None))``: the model step
+    scanned over ``xs`` from ``hidden`` (flat leaves), differentiable in every argument."""
+    def body(h, inp):
+        x, target = inp
+        new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
+        out = jax.tree.unflatten(step.out_tree, out)
+        return new_h, (_scalar_loss(loss_fn, out, target), out if return_outputs else None)
+
+    h_final, (losses, outs) = lax.scan(body, hidden, (xs, targets))
+    return jnp.sum(losses), (h_final, outs)
+
+
+def _scalar_loss(loss_fn, output, target):
+    loss = loss_fn(output, target)
+    if jnp.shape(loss) != ():
+        raise ValueError(f'loss_fn must return a scalar, got shape {jnp.shape(loss)}.')
+    return loss
+
+
+def _window_value(window):
+    if window is None:
+        return None
+    if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)) \
+            or window < 1:
+        raise ValueError(f'window must be None (eligibility traces only) or a positive integer '
+                         f'number of time steps, got {window!r}.')
+    return int(window)
+
+
+def _no_loss(output, target):
+    return jnp.zeros(())
 
 
 class Learner(abc.ABC):
@@ -279,13 +318,26 @@ class OnlineLearner(Learner):
     """Shared scan of D-RTRL and ES-D-RTRL.
 
     Per step: :func:`~.signals.step_signals`, the algorithm's update of the op
-    traces (``_update``), and the exact traces of parameters inside the
-    dynamics (:class:`~.graph.DynamicParam`), which both algorithms share::
+    traces (``_advance_ops``) and their contraction with the learning signal
+    (``_contract``), and the exact traces of parameters inside the dynamics
+    (:class:`~.graph.DynamicParam`), which both algorithms share::
 
         E_phi^t = D^t E_phi^{t-1} + (dz^t/dh^{t-1}) R_phi^{t-1} + G_phi^t
         dphi   += sum_i g^t[i] (E_phi^t[i] - G_phi^t[i])  (+ the within-step gradient)
 
     Gradients are accumulated in the carry, so memory does not depend on ``T``.
+
+    Windows (``window=k``): the sequence is cut into blocks ``(t0, t0+k]``.
+    Each block's loss is differentiated exactly (BPTT over ``k`` steps, every
+    path) with respect to the parameters, the state ``h^{t0}`` at its start held
+    fixed, and with respect to ``h^{t0}``; that cotangent ``hbar`` is mapped to
+    the state cut, ``zbar = R^{t0 T} hbar``, and contracted with the traces held
+    at ``t0`` like a learning signal (plus ``hbar . R_phi^{t0}`` for parameters
+    inside the dynamics), since ``dh^{t0}/dtheta = R^{t0} E^{t0} + R_phi^{t0}``.
+    The traces are then advanced through the block by the per-step recursion.
+    Only paths that cross a block boundary through recurrent or cross-layer
+    dynamics are truncated; ``k >= T`` is BPTT. Memory: ``k`` steps of BPTT
+    residuals plus the traces, independent of ``T``.
 
     Mixed precision: with ``trace_dtype`` (e.g. ``jnp.float32`` for a bfloat16
     model) the step runs in the model's dtype while every trace and gradient
@@ -295,7 +347,7 @@ class OnlineLearner(Learner):
 
     required_rules: tuple = ()   # ETP rules every op must provide
 
-    def __init__(self, model: brainstate.nn.Module, *, trace_dtype=None):
+    def __init__(self, model: brainstate.nn.Module, *, trace_dtype=None, window=None):
         super().__init__(model)
         if trace_dtype is not None:
             try:
@@ -308,6 +360,7 @@ class OnlineLearner(Learner):
                                  f'{trace_dtype!r}.')
             trace_dtype = dtype
         self.trace_dtype = trace_dtype
+        self.window = _window_value(window)
         self._early: dict = {}      # graph id -> state Jacobian evaluated a step early
 
     def _prepare(self, step):
@@ -346,7 +399,29 @@ class OnlineLearner(Learner):
             self._early[id(graph)] = jacobian_reads_only_state(graph)
         return self._early[id(graph)]
 
+    def _first_jacobian(self, graph, hidden, params, weights, xs):
+        """The first step's state Jacobian when each step evaluates the next one's, else None."""
+        if not self._early_jacobian(graph):
+            return None
+        zeros_like = lambda a: jnp.zeros(a.shape, a.dtype)
+        return state_jacobian(
+            graph, hidden, params, weights, [zeros_like(a[0]) for a in jax.tree.leaves(xs)],
+            {k: zeros_like(op.y_aval) for k, op in enumerate(graph.ops)})
+
+    def _step(self, graph, params, weights, carry, x, target, loss_fn, ys=None):
+        """One step: ``(signals, new carry)`` with the carry ``((h, A), state)``."""
+        (h, a), st = carry
+        sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
+                           st['release'], A=a, next_jacobian=self._early_jacobian(graph),
+                           ys=ys)
+        st = dict(ops=self._advance_ops(graph, st['ops'], sig, weights), release=sig.release,
+                  dyn=self._dynamic_traces(graph, st['dyn'], sig))
+        return sig, ((sig.new_hidden, sig.A_next), st)
+
     def _sequence(self, graph, loss_fn, params, hidden, state, xs, targets, return_outputs):
+        if self.window is not None:
+            return self._windowed_sequence(graph, loss_fn, params, hidden, state, xs, targets,
+                                           return_outputs)
         weights, pull_back = jax.vjp(graph.weights, params)
         direct = sorted(graph.direct_params)
         dtype = self.dtype(graph)
@@ -355,69 +430,164 @@ class OnlineLearner(Learner):
         zeros_p = [zeros(params[k]) for k in direct]
         zeros_dyn = [jnp.zeros(graph.groups[dp.group].shape, dtype)
                      for dp in graph.dynamic_params]
-
-        early = self._early_jacobian(graph)
-        if early:   # the first step's Jacobian; each step then evaluates the next one's
-            zeros_like = lambda a: jnp.zeros(a.shape, a.dtype)
-            first_a = state_jacobian(
-                graph, hidden, params, weights, [zeros_like(a[0]) for a in jax.tree.leaves(xs)],
-                {k: zeros_like(op.y_aval) for k, op in enumerate(graph.ops)})
-        else:
-            first_a = None
+        first_a = self._first_jacobian(graph, hidden, params, weights, xs)
 
         def body(carry, inp):
-            (h, a), st, acc_w, acc_p, acc_dyn, loss_sum = carry
-            x, target = inp
-            sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
-                               st['release'], A=a, next_jacobian=early)
-            ops_state, dw = self._update(graph, st['ops'], sig, weights)
-            dyn, acc_dyn = self._dynamic_update(graph, st['dyn'], acc_dyn, sig, dtype)
+            step_carry, acc_w, acc_p, acc_dyn, loss_sum = carry
+            sig, step_carry = self._step(graph, params, weights, step_carry, *inp, loss_fn)
+            st = step_carry[1]
+            dw = self._op_grads(graph, st['ops'], sig.g, weights, sig)
             acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[k])
                      for k, a in enumerate(acc_w)]
             acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, sig.direct_grads)]
+            # the within-step part (G_phi) is already in the parameter's direct gradient
+            acc_dyn = [acc + jnp.sum(sig.g[dp.group].astype(dtype)
+                                     * (e - sig.phi_inst[j].astype(dtype)), axis=-1)
+                       for j, (dp, acc, e) in enumerate(zip(graph.dynamic_params, acc_dyn,
+                                                            st['dyn']))]
             out = jax.tree.unflatten(graph.step.out_tree, sig.outputs) if return_outputs else None
-            st = dict(ops=ops_state, release=sig.release, dyn=dyn)
-            return ((sig.new_hidden, sig.A_next), st, acc_w, acc_p, acc_dyn,
+            return (step_carry, acc_w, acc_p, acc_dyn,
                     loss_sum + sig.loss.astype(loss_sum.dtype)), out
 
         loss0 = jnp.zeros((), jnp.result_type(float))
-        ((hidden, _), state, acc_w, acc_p, acc_dyn, loss), outs = lax.scan(
-            body, ((hidden, first_a), state, zeros_w, zeros_p, zeros_dyn, loss0), (xs, targets))
+        (((hidden, _), state), acc_w, acc_p, acc_dyn, loss), outs = lax.scan(
+            body, (((hidden, first_a), state), zeros_w, zeros_p, zeros_dyn, loss0), (xs, targets))
+        grads = self._gather(graph, pull_back, weights, acc_w, acc_dyn, dict(zip(direct, acc_p)))
+        return loss, grads, hidden, state, outs
+
+    def _windowed_sequence(self, graph, loss_fn, params, hidden, state, xs, targets,
+                           return_outputs):
+        """Blocks of ``window`` steps: BPTT inside, traces across (class docstring)."""
+        k, step = self.window, graph.step
+        T = np.shape(jax.tree.leaves(xs)[0])[0]
+        weights, pull_back = jax.vjp(graph.weights, params)
+        dtype = self.dtype(graph)
+        zeros = lambda a: jnp.zeros(jnp.shape(a), dtype)
+        traced = sorted(graph.group_of_leaf)     # hidden leaves that carry traces
+
+        def block(carry, inp):
+            hidden, state, acc_p, acc_w, acc_dyn, loss_sum = carry
+            xb, tb = inp
+
+            def block_loss(p, h_traced):
+                h = list(hidden)
+                for leaf, v in zip(traced, h_traced):
+                    h[leaf] = v
+
+                def body(h, inp):
+                    x, target = inp
+                    new_h, out, rec = graph.run(h, p, jax.tree.leaves(x))
+                    out = jax.tree.unflatten(step.out_tree, out)
+                    return new_h, (_scalar_loss(loss_fn, out, target),
+                                   out if return_outputs else None,
+                                   jax.tree.map(lax.stop_gradient, rec['ys']))
+
+                _, (losses, outs, ys) = lax.scan(body, h, (xb, tb))
+                return jnp.sum(losses), (outs, ys)
+
+            # the ops' outputs of the block's forward pass serve the trace updates too
+            loss, vjp, (outs, ys) = jax.vjp(block_loss, params, [hidden[l] for l in traced],
+                                            has_aux=True)
+            g_params, g_hidden = vjp(jnp.ones_like(loss))
+            dw, d_dyn = self._boundary(graph, state, dict(zip(traced, g_hidden)), weights)
+            acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, g_params)]
+            acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[j]) if j in dw else a
+                     for j, a in enumerate(acc_w)]
+            acc_dyn = [a + b for a, b in zip(acc_dyn, d_dyn)]
+            first_a = self._first_jacobian(graph, hidden, params, weights, xb)
+            ((hidden, _), state), _ = lax.scan(
+                lambda c, inp: (self._step(graph, params, weights, c, inp[0], None, _no_loss,
+                                           ys=inp[1])[1], None),
+                ((hidden, first_a), state), (xb, ys))
+            return (hidden, state, acc_p, acc_w, acc_dyn,
+                    loss_sum + loss.astype(loss_sum.dtype)), outs
+
+        carry = (hidden, state, [zeros(p) for p in params], jax.tree.map(zeros, weights),
+                 [jnp.zeros(graph.groups[dp.group].shape, dtype) for dp in graph.dynamic_params],
+                 jnp.zeros((), jnp.result_type(float)))
+        n_full, outs = T // k, []
+        if n_full:
+            blocks = lambda tree: jax.tree.map(
+                lambda a: jnp.reshape(a[:n_full * k], (n_full, k, *np.shape(a)[1:])), tree)
+            carry, o = lax.scan(block, carry, (blocks(xs), blocks(targets)))
+            if return_outputs:
+                outs.append(jax.tree.map(lambda a: jnp.reshape(a, (-1, *a.shape[2:])), o))
+        if T % k:
+            rest = lambda tree: jax.tree.map(lambda a: a[n_full * k:], tree)
+            carry, o = block(carry, (rest(xs), rest(targets)))
+            outs.append(o)
+        hidden, state, acc_p, acc_w, acc_dyn, loss = carry
+        outs = (jax.tree.map(lambda *a: jnp.concatenate(a), *outs) if return_outputs else None)
+        grads = self._gather(graph, pull_back, weights, acc_w, acc_dyn, dict(enumerate(acc_p)))
+        return loss, grads, hidden, state, outs
+
+    def _boundary(self, graph, state, g_hidden, weights):
+        """Contract the cotangent of the block-start state (``{hidden leaf: dL/dh}``) with
+        the traces held there: ``({op: dw}, per dynamic parameter: per-element gradient)``."""
+        dtype = self.dtype(graph)
+        release = state['release']
+        g_hid, g_cut = [], []
+        for gi, grp in enumerate(graph.groups):
+            gh = jnp.stack([g_hidden[l] for l in grp.leaves], axis=-1).astype(dtype)
+            g_hid.append(gh)
+            g_cut.append(gh if gi not in release['R'] else
+                         jnp.einsum('...n,...nm->...m', gh, release['R'][gi].astype(dtype)))
+        dw = {k: self._contract(graph, k, state['ops'], graph.y_layout(op, g_cut[op.group], 1),
+                                weights)
+              for k, op in enumerate(graph.ops) if op.group is not None}
+        d_dyn = []
+        for j, dp in enumerate(graph.dynamic_params):
+            d = jnp.sum(g_cut[dp.group] * state['dyn'][j], axis=-1)
+            if j in release['Rphi']:   # dh/dphi at fixed z
+                d = d + jnp.sum(g_hid[dp.group] * release['Rphi'][j].astype(dtype), axis=-1)
+            d_dyn.append(d)
+        return dw, d_dyn
+
+    def _gather(self, graph, pull_back, weights, acc_w, acc_dyn, acc_p: dict):
+        """Parameter-leaf gradients from the accumulators: weight operands pulled back,
+        parameter gradients (``{leaf: acc}``) added, dynamic-parameter ones contracted."""
         (grads,) = pull_back(jax.tree.map(lambda a, w: a.astype(w.dtype), acc_w, weights))
         grads = list(grads)
-        for k, g in zip(direct, acc_p):
+        for k, g in acc_p.items():
             grads[k] = grads[k] + g.astype(grads[k].dtype)
         for dp, acc in zip(graph.dynamic_params, acc_dyn):
             grads[dp.leaf] = grads[dp.leaf] + jnp.reshape(
                 dp.contract(acc), grads[dp.leaf].shape).astype(grads[dp.leaf].dtype)
-        return loss, grads, hidden, state, outs
+        return grads
 
-    @staticmethod
-    def _dynamic_update(graph, traces, acc, sig, dtype):
-        new_traces, new_acc = [], []
-        for j, dp in enumerate(graph.dynamic_params):
-            e = (apply_state_jacobian(sig.D[dp.group].astype(dtype), traces[j])
-                 + sig.phi_in[j].astype(dtype))
-            new_traces.append(e)
-            # the within-step part (G_phi) is already in the parameter's direct gradient
-            g = sig.g[dp.group].astype(dtype)
-            new_acc.append(acc[j] + jnp.sum(g * (e - sig.phi_inst[j].astype(dtype)), axis=-1))
-        return new_traces, new_acc
+    def _dynamic_traces(self, graph, traces, sig):
+        """The exact traces of parameters inside the dynamics, advanced by one step."""
+        dtype = self.dtype(graph)
+        return [apply_state_jacobian(sig.D[dp.group].astype(dtype), traces[j])
+                + sig.phi_in[j].astype(dtype) for j, dp in enumerate(graph.dynamic_params)]
+
+    def _op_grads(self, graph, ops_state, g, weights, sig):
+        """``{op: dw}`` of one step: traces contracted with the learning signals ``g`` (per
+        group), readouts' within-step gradients."""
+        return {k: (self.readout_dw(graph, k, sig, weights) if op.group is None else
+                    self._contract(graph, k, ops_state, graph.y_layout(op, g[op.group], 1)
+                                   .astype(self.dtype(graph)), weights))
+                for k, op in enumerate(graph.ops)}
 
     @abc.abstractmethod
     def _init_traces(self, graph: StepGraph, hidden):
         """Zeros of the algorithm's per-op traces."""
 
     @abc.abstractmethod
-    def _update(self, graph: StepGraph, state, sig: StepSignals, weights):
-        """``(new state, {op: dw})`` for one step."""
+    def _advance_ops(self, graph: StepGraph, state, sig: StepSignals, weights):
+        """The per-op traces advanced by one step."""
+
+    @abc.abstractmethod
+    def _contract(self, graph: StepGraph, k: int, state, g, weights):
+        """Op ``k``'s weight-operand gradients ``{slot: dw}`` from its traces in ``state``
+        and a learning signal ``g`` on its group's cut, in the op's output layout
+        (``(*y.shape, m)``, trace dtype)."""
 
     # -------------------------------------------------------------- shared pieces
     def signals_in_y_layout(self, graph: StepGraph, k: int, sig: StepSignals):
-        """``(D, Df, g)`` of grouped op ``k`` in its output layout and the trace dtype."""
+        """``(D, Df)`` of grouped op ``k`` in its output layout and the trace dtype."""
         op, dtype = graph.ops[k], self.dtype(graph)
-        return (graph.y_layout(op, sig.D[op.group], 2).astype(dtype), sig.Df[k].astype(dtype),
-                graph.y_layout(op, sig.g[op.group], 1).astype(dtype))
+        return graph.y_layout(op, sig.D[op.group], 2).astype(dtype), sig.Df[k].astype(dtype)
 
     def op_weights(self, graph: StepGraph, k: int, weights):
         """Op ``k``'s weight operands in the trace dtype (its rules then compute in it)."""
@@ -463,6 +633,10 @@ class OnlineLearner(Learner):
         for p, kind in graph.direct_params.items():
             if p not in traced:
                 methods[p].append(EXACT_OUTPUT_PARAM if kind == 'output' else MIXING_PARAM)
+        if self.window is not None:   # what is not exact already is exact within a window
+            methods = {p: [m if m.startswith('exact (instantaneous') else
+                           f'exact within windows of {self.window} steps; across windows: {m}'
+                           for m in ms] for p, ms in methods.items()}
         leaves = step.param_leaves()
         rows = [dict(parameter=step.param_names[p], shape=tuple(np.shape(leaves[p])),
                      method='; '.join(methods[p]) or UNUSED, trace_bytes=bytes_of[p])

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from .base import Learner, Report
+from .base import Learner, Report, sequence_loss
 
 __all__ = ['BPTT']
 
@@ -22,19 +21,7 @@ class BPTT(Learner):
     algorithm = 'BPTT'
 
     def _sequence(self, step, loss_fn, params, hidden, state, xs, targets, return_outputs):
-        def total(params):
-            def body(h, inp):
-                x, target = inp
-                new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
-                out = jax.tree.unflatten(step.out_tree, out)
-                loss = loss_fn(out, target)
-                if jnp.shape(loss) != ():
-                    raise ValueError(f'loss_fn must return a scalar, got shape {jnp.shape(loss)}.')
-                return new_h, (loss, out if return_outputs else None)
-
-            h_final, (losses, outs) = lax.scan(body, hidden, (xs, targets))
-            return jnp.sum(losses), (h_final, outs)
-
+        total = lambda p: sequence_loss(step, loss_fn, p, hidden, xs, targets, return_outputs)
         (loss, (hidden, outs)), grads = jax.value_and_grad(total, has_aux=True)(params)
         return loss, grads, hidden, state, outs
 

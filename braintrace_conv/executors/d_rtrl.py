@@ -38,6 +38,9 @@ class D_RTRL(OnlineLearner):
       trace_dtype: ``None`` (traces in the model's dtype) or a floating dtype for
         the traces and gradient accumulators, e.g. ``jnp.float32`` for a bfloat16
         model (mixed precision).
+      window: ``None`` (traces only) or a number of steps ``k``: exact BPTT inside
+        windows of ``k`` steps, these traces across windows (see
+        :class:`~braintrace_conv.executors.base.OnlineLearner`); ``k >= T`` is BPTT.
     """
 
     algorithm = 'D-RTRL'
@@ -51,18 +54,21 @@ class D_RTRL(OnlineLearner):
             {n: as_dtype(a) for n, a in op.weight_avals.items()}, graph.groups[op.group].m,
             **op.params) for k, op in enumerate(graph.ops) if op.group is not None}
 
-    def _update(self, graph, traces, sig, weights):
-        new, dw = {}, {}
+    def _advance_ops(self, graph, traces, sig, weights):
+        new = {}
         for k, op in enumerate(graph.ops):
             if op.group is None:
-                dw[k] = self.readout_dw(graph, k, sig, weights)
                 continue
-            d, df, g = self.signals_in_y_layout(graph, k, sig)
+            d, df = self.signals_in_y_layout(graph, k, sig)
             rule, w = op.primitive.rule, self.op_weights(graph, k, weights)
             new[k] = jax.tree.map(jnp.add, rule('yw_to_w')(d, traces[k], **op.params),
                                   rule('xdf_to_trace')(sig.xs[k], df, w, **op.params))
-            dw[k] = rule('trace_to_dw')(new[k], g, w, **op.params)
-        return new, dw
+        return new
+
+    def _contract(self, graph, k, traces, g, weights):
+        op = graph.ops[k]
+        return op.primitive.rule('trace_to_dw')(traces[k], g, self.op_weights(graph, k, weights),
+                                                **op.params)
 
     def _trace_method(self, graph, k, slot):
         return 'exact trace (D-RTRL)'

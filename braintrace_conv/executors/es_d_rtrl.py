@@ -63,13 +63,16 @@ class ES_D_RTRL(OnlineLearner):
       trace_dtype: ``None`` (traces in the model's dtype) or a floating dtype for
         the traces and gradient accumulators, e.g. ``jnp.float32`` for a bfloat16
         model (mixed precision).
+      window: ``None`` (traces only) or a number of steps ``k``: exact BPTT inside
+        windows of ``k`` steps, these traces across windows (see
+        :class:`~braintrace_conv.executors.base.OnlineLearner`); ``k >= T`` is BPTT.
     """
 
     algorithm = 'ES-D-RTRL'
     required_rules = ES_DRTRL_RULES
 
-    def __init__(self, model, decay=None, *, trace_dtype=None):
-        super().__init__(model, trace_dtype=trace_dtype)
+    def __init__(self, model, decay=None, *, trace_dtype=None, window=None):
+        super().__init__(model, trace_dtype=trace_dtype, window=window)
         self.decay = _decay_value(decay)
         self._inferred = {}
 
@@ -144,25 +147,31 @@ class ES_D_RTRL(OnlineLearner):
         norms = [jnp.zeros((), dtype) for _ in readers]
         return dict(x=x_traces, f=out_traces, norm=norms)
 
-    def _update(self, graph, state, sig, weights):
+    def _advance_ops(self, graph, state, sig, weights):
         slots, readers = self._input_slots(graph)
         decays = self.decays(graph)
         alphas = [decays[k] for k in readers]
         norms = [a * z + 1.0 for a, z in zip(alphas, state['norm'])]
         x_traces = [a * trace + sig.xs[k].astype(trace.dtype)
                     for a, trace, k in zip(alphas, state['x'], readers)]
-        out_traces, dw = {}, {}
-        for k, op in enumerate(graph.ops):
-            if op.group is None:
-                dw[k] = self.readout_dw(graph, k, sig, weights)
-                continue
-            d, df, g = self.signals_in_y_layout(graph, k, sig)
+        out_traces = {}
+        for k in slots:
+            d, df = self.signals_in_y_layout(graph, k, sig)
             out_traces[k] = apply_state_jacobian(d, state['f'][k]) + df
-            s = slots[k]
-            x_hat = x_traces[s] / norms[s].astype(x_traces[s].dtype)
-            dw[k] = op.primitive.rule('xy_to_dw')(x_hat, jnp.sum(g * out_traces[k], axis=-1),
-                                                  self.op_weights(graph, k, weights), **op.params)
-        return dict(x=x_traces, f=out_traces, norm=norms), dw
+        return dict(x=x_traces, f=out_traces, norm=norms)
+
+    def _contract(self, graph, k, state, g, weights):
+        s = self._input_slots(graph)[0][k]
+        x_hat = state['x'][s] / state['norm'][s].astype(state['x'][s].dtype)
+        op = graph.ops[k]
+        return op.primitive.rule('xy_to_dw')(x_hat, jnp.sum(g * state['f'][k], axis=-1),
+                                             self.op_weights(graph, k, weights), **op.params)
+
+    def _boundary(self, graph, state, g_hidden, weights):
+        # a window may start before the first step, where the norm is 0 like the input
+        # trace; any norm >= 1 then gives the right x_hat = 0 (later norms are >= 1)
+        ops = dict(state['ops'], norm=[jnp.maximum(z, 1.0) for z in state['ops']['norm']])
+        return super()._boundary(graph, dict(state, ops=ops), g_hidden, weights)
 
     # ------------------------------------------------------------------ report
     def _trace_method(self, graph, k, slot):

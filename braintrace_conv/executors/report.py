@@ -38,7 +38,12 @@ class Report:
       on a linear leaky layer whose decay equals the one shown);
     * ``exact (instantaneous ...)`` — the parameter acts within one step only;
     * ``approximate (instantaneous only ...)`` — only the within-step
-      gradient is computed.
+      gradient is computed;
+    * ``exact within windows of k steps; across windows: ...`` — an online
+      executor with ``window=k``: BPTT inside each window, and the phrase
+      after ``across windows`` says how the paths that cross a window
+      boundary are covered (by the traces, or not at all for an
+      ``instantaneous only`` parameter).
     """
     algorithm: str
     rows: list

@@ -137,7 +137,7 @@ def jacobian_reads_only_state(graph: StepGraph) -> bool:
 
 def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss_fn,
                  release, *, hold_custom: bool = False, A=None,
-                 next_jacobian: bool = False) -> StepSignals:
+                 next_jacobian: bool = False, ys=None) -> StepSignals:
     """Evaluate one step and all learning signals (see module docstring).
 
     Args:
@@ -152,6 +152,9 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
       A: this step's :func:`state_jacobian`, if already evaluated (see
         :func:`jacobian_reads_only_state`); computed here otherwise.
       next_jacobian: also evaluate the next step's, at the new state (``A_next``).
+      ys: the step's ETP outputs (``{op index: y}``) if already computed: no op is
+        evaluated again, but every path through an op is then cut from ``g``,
+        ``gamma`` and the within-step gradients, so only the traces' inputs are valid.
     """
     ops, groups = graph.ops, graph.groups
     readouts = [k for k, op in enumerate(ops) if op.group is None]
@@ -164,7 +167,7 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
         p = list(params)
         for k, v in zip(direct, direct_values):
             p[k] = v
-        new_h, out, rec = graph.run(hidden, p, inputs, weights=weights,
+        new_h, out, rec = graph.run(hidden, p, inputs, weights=weights, cut_etp=ys,
                                     eps=dict(zip(cut_vars, eps)), delta=dict(zip(readouts, deltas)))
         loss = loss_fn(jax.tree.unflatten(out_tree, out), target)
         if jnp.shape(loss) != ():

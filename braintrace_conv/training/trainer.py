@@ -30,7 +30,10 @@ sequences, from the gradient of the whole sequence loss
 states and traces are reset at the start of each batch of sequences, then
 every ``k`` steps the gradient of those steps' loss (``learner.advance``) is
 applied while hidden states and traces carry on; chunks whose steps all have
-weight 0 advance the network without an optimiser step.
+weight 0 advance the network without an optimiser step. An online executor
+with ``window=w`` (e.g. ``D_RTRL(model, window=16)``) cuts each chunk into
+windows of ``w`` steps, a window never spanning two chunks, so ``w`` may not
+exceed ``update_every``.
 
 Devices: ``devices`` (default: all of ``jax.devices()``) is a data-parallel
 mesh (:mod:`braintrace_conv.training.placement`): parameters and optimiser
@@ -256,6 +259,11 @@ class Trainer:
                              f'cannot update every {self.update_every} steps; use '
                              f'update_every=None, or a per-step loss (every_step, final) '
                              f'without rate_targets.')
+        window = getattr(learner, 'window', None)
+        if window is not None and self.update_every is not None and window > self.update_every:
+            raise ValueError(f'the learner\'s window ({window} steps) exceeds update_every '
+                             f'({self.update_every}): a window never spans two online chunks; '
+                             f'choose window <= update_every.')
         self.nonfinite = one_of('nonfinite', nonfinite, NONFINITE)
         self._parallel = placement.DataParallel(devices)
         self.mesh, self.devices = self._parallel.mesh, self._parallel.devices
@@ -279,7 +287,8 @@ class Trainer:
 
     def config(self) -> dict:
         """The trainer's settings: ``algorithm``, ``loss``, ``final_steps``,
-        ``update_every``, ``nonfinite`` (and ``target_rates`` with ``'count_mse'``)."""
+        ``update_every``, ``nonfinite`` (and ``target_rates`` with ``'count_mse'``, the
+        rate regulariser's settings, and the learner's ``window`` when it has one)."""
         config = dict(algorithm=self.learner.algorithm, loss=self.loss,
                       final_steps=self.final_steps, update_every=self.update_every,
                       nonfinite=self.nonfinite)
@@ -287,6 +296,8 @@ class Trainer:
             config['target_rates'] = list(self.target_rates)
         if self.rate_targets:
             config.update(rate_targets=self.rate_targets, rate_strength=self.rate_strength)
+        if getattr(self.learner, 'window', None) is not None:
+            config['window'] = self.learner.window
         return config
 
     @property

@@ -1,0 +1,309 @@
+"""Windows (``window=k``): exact BPTT inside blocks of k steps, eligibility traces across.
+
+float64 against BPTT on models written the way users write them (``brainstate.nn``
+layers, reset-after-spike LIF storing the post-reset potential) and on our nn classes.
+"""
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import saiunit as u
+
+import braintrace_conv as bc
+import braintrace_conv.models
+from braintrace_conv import nn
+from snn_reference import EXACT, cosine, rel_err, spike, xent
+from test_executors_user_models import Parametric
+
+
+@pytest.fixture(autouse=True, scope='module')
+def float64_params():
+    old = brainstate.environ.get_precision()
+    brainstate.environ.set(precision=64)
+    jax.config.update('jax_enable_x64', True)
+    yield
+    brainstate.environ.set(precision=old)
+
+
+EXECUTORS = {'d-rtrl': bc.D_RTRL, 'es-d-rtrl': lambda m, **kw: bc.ES_D_RTRL(m, 0.9, **kw)}
+
+
+class ResetLIF(brainstate.nn.Module):
+    """``v = a h + I; s = spike(v - 1); h = v - s``; returns ``s`` (post-reset state)."""
+
+    def __init__(self, shape, decay=0.9):
+        super().__init__()
+        self.shape, self.decay = tuple(shape), decay
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, *self.shape)))
+
+    def update(self, current):
+        v = self.decay * self.h.value + current
+        s = spike(v - 1.0)
+        self.h.value = v - s
+        return s
+
+
+class UserConvNet(brainstate.nn.Module):
+    """brainstate.nn.Conv2d + LIF, Conv2d (stride 2) + LIF, optionally a recurrent Conv2d of
+    the second layer's last spikes (kept in a state), brainstate.nn.Linear readout."""
+
+    def __init__(self, recurrent, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        w = lambda *shape, scale: jnp.asarray(rng.normal(size=shape) * scale)
+        self.recurrent = recurrent
+        self.conv1 = brainstate.nn.Conv2d((6, 6, 2), 3, 3, padding='SAME',
+                                          w_init=w(3, 3, 2, 3, scale=0.8), b_init=w(3, scale=0.2))
+        self.lif1 = ResetLIF((6, 6, 3))
+        self.conv2 = brainstate.nn.Conv2d((6, 6, 3), 4, 3, stride=2, padding='SAME',
+                                          w_init=w(3, 3, 3, 4, scale=0.7), b_init=w(4, scale=0.2))
+        if recurrent:
+            self.rec = brainstate.nn.Conv2d((3, 3, 4), 4, 3, padding='SAME',
+                                            w_init=w(3, 3, 4, 4, scale=0.8), b_init=None)
+        self.lif2 = ResetLIF((3, 3, 4), decay=0.85)
+        self.readout = brainstate.nn.Linear(36, 3, w_init=w(36, 3, scale=0.5))
+
+    def init_state(self, batch_size=None, **kw):
+        if self.recurrent:
+            self.s2 = brainstate.HiddenState(jnp.zeros((batch_size, 3, 3, 4)))
+
+    def update(self, x):
+        current = self.conv2(self.lif1(self.conv1(x)))
+        if self.recurrent:
+            current = current + self.rec(self.s2.value)
+        s = self.lif2(current)
+        if self.recurrent:
+            self.s2.value = s
+        return self.readout(s.reshape(s.shape[0], -1))
+
+
+def ours(pool=1):
+    brainstate.random.seed(1)
+    return bc.models.recurrent_conv_snn((2, 6, 6), 3, channels=(3, 4), recurrent=True,
+                                        readout='li', pool=pool)
+
+
+def data(shape, T, seed=0, p=0.4):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.random((T, *shape)) < p, jnp.float64),
+            jnp.asarray(rng.integers(0, 3, (T, shape[0]))))
+
+
+def user_data(T, seed=0):
+    return data((2, 6, 6, 2), T, seed)
+
+
+def ours_data(T, seed=0):
+    return data((2, 2, 6, 6), T, seed)
+
+
+def grads_of(learner, xs, labels, loss_fn=xent):
+    return learner.value_and_grad(loss_fn, xs, labels)[1]
+
+
+def errors(grads, ref):
+    """Relative error per parameter leaf; the reference must not vanish."""
+    out = {}
+    for key in ref:
+        for (path, r), g in zip(jax.tree_util.tree_flatten_with_path(ref[key])[0],
+                                jax.tree.leaves(grads[key])):
+            name = '.'.join(map(str, key)) + jax.tree_util.keystr(path)
+            assert np.abs(np.asarray(r)).max() > 0, f'{name}: vacuous reference'
+            out[name] = rel_err(g, r)
+    return out
+
+
+MODELS = {'user-recurrent': (lambda: UserConvNet(True), user_data),
+          'user-two-layer': (lambda: UserConvNet(False), user_data),
+          'ours-recurrent-pooled': (lambda: ours(pool=2), ours_data)}
+
+
+@pytest.mark.parametrize('name, model_name', [('d-rtrl', 'user-recurrent'),
+                                              ('es-d-rtrl', 'user-recurrent'),
+                                              ('d-rtrl', 'user-two-layer'),
+                                              ('es-d-rtrl', 'ours-recurrent-pooled')])
+def test_a_window_as_long_as_the_sequence_is_bptt(name, model_name):
+    """Without a window none of these models is exact (test_fidelity_rises_with_the_window
+    measures how far); a window of at least T is BPTT, every path of every parameter."""
+    make_model, make_data = MODELS[model_name]
+    model = make_model()
+    xs, labels = make_data(T=7)
+    ref = grads_of(bc.BPTT(model), xs, labels)
+    err = errors(grads_of(EXECUTORS[name](model, window=9), xs, labels), ref)
+    assert max(err.values()) < EXACT, err
+
+
+def test_drtrl_windows_stay_exact_on_one_layer_with_parameters_in_the_dynamics():
+    """Traces are exact on one diagonal layer, so every window (4 does not divide T = 10)
+    is exact too, including tau, threshold and reset value, whose trace crosses the
+    reset (h = R(z, phi))."""
+    model = Parametric()     # conv, bias after it, trainable tau, threshold and reset value
+    xs, labels = data((3, 7, 2), T=10, p=0.5)
+    ref = grads_of(bc.BPTT(model), xs, labels)
+    err = errors(grads_of(bc.D_RTRL(model, window=4), xs, labels), ref)
+    assert max(err.values()) < EXACT, err
+
+
+def test_windows_that_do_not_divide_the_sequence():
+    """T = 11, k = 4: windows of 4, 4 and 3 steps; the same as running the windows as
+    chunks of 4, 4, 3 steps (a window never spans a chunk)."""
+    model = UserConvNet(True)
+    xs, labels = user_data(T=11)
+    learner = EXECUTORS['es-d-rtrl'](model, window=4)
+    loss, grads, outs = learner.value_and_grad(xent, xs, labels, return_outputs=True)
+    np.testing.assert_allclose(outs, bc.BPTT(model).predict(xs), rtol=1e-12)
+    rows = {r['parameter']: r for r in learner.report().rows}
+    within = 'exact within windows of 4 steps; across windows: '
+    assert rows['rec.weight']['method'].startswith(
+        within + 'approximate trace (ES-D-RTRL, decay 0.9, given)')
+    assert 'recurrent synapses onto the same neurons are cut' in \
+        rows['rec.weight']['method']
+    assert rows["conv1.weight['bias']"]['method'].startswith(within + 'exact within its layer')
+    assert rows["readout.weight['weight']"]['method'].startswith('exact (instantaneous')
+    assert rows["conv2.weight['weight']"]['trace_bytes'] > 0
+    learner.reset(2)
+    total, acc = 0.0, None
+    for s in (0, 4, 8):
+        l, g = learner.advance(xent, xs[s:s + 4], labels[s:s + 4])
+        total, acc = total + l, g if acc is None else jax.tree.map(jnp.add, acc, g)
+    np.testing.assert_allclose(total, loss, rtol=1e-12)
+    assert max(errors(acc, grads).values()) < 1e-10
+
+
+def test_chunks_that_are_whole_windows_equal_one_call():
+    model = ours()
+    xs, labels = ours_data(T=12)
+    learner = bc.D_RTRL(model, window=3)
+    loss, grads = learner.value_and_grad(xent, xs, labels)
+    learner.reset(2)
+    total, acc = 0.0, None
+    for s, n in ((0, 6), (6, 6)):
+        l, g = learner.advance(xent, xs[s:s + n], labels[s:s + n])
+        total, acc = total + l, g if acc is None else jax.tree.map(jnp.add, acc, g)
+    np.testing.assert_allclose(total, loss, rtol=1e-12)
+    assert max(errors(acc, grads).values()) < 1e-10
+
+
+def fidelity(name, windows):
+    model = UserConvNet(True, seed=3)
+    xs, labels = user_data(T=16, seed=3)
+    ref = grads_of(bc.BPTT(model), xs, labels)
+    per_step = cosine(grads_of(EXECUTORS[name](model), xs, labels), ref)
+    cos = [cosine(grads_of(EXECUTORS[name](model, window=k), xs, labels), ref)
+           for k in windows]
+    print(f'\n[{name}] cosine to BPTT: no window {per_step:.4f}, k={windows}: '
+          + ', '.join(f'{c:.4f}' for c in cos))
+    return per_step, cos
+
+
+def test_fidelity_rises_with_the_window_on_a_recurrent_net():
+    """Cosine to BPTT over all parameters for k = 1, 4, 16 = T: it does not fall
+    (measured here; the theory does not promise it for every model and data set), and
+    k = 1 beats the per-step executor: the one-step recurrent Jacobian is kept exactly."""
+    per_step, cos = fidelity('d-rtrl', (1, 4, 16))
+    assert all(b >= a - 1e-9 for a, b in zip(cos, cos[1:])), cos
+    assert cos[0] > per_step + 1e-3
+    assert cos[-1] > 1 - 1e-12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', sorted(EXECUTORS))
+def test_fidelity_rises_with_every_doubling_of_the_window(name):
+    per_step, cos = fidelity(name, (1, 2, 4, 8, 16))
+    assert all(b >= a - 1e-9 for a, b in zip(cos, cos[1:])), cos
+    assert cos[0] > per_step + 1e-3
+    assert cos[-1] > 1 - 1e-12
+
+
+def test_window_of_one_step_is_the_per_step_executor_on_a_feedforward_net():
+    """Without recurrent synapses, the gradient of a one-step window at fixed h^{t-1} plus
+    the boundary term through the diagonal traces is exactly what D-RTRL computes per step
+    (the cross-layer path through the later layer's dynamics is cut in both)."""
+    model = UserConvNet(False)
+    xs, labels = user_data(T=8)
+    per_step = grads_of(bc.D_RTRL(model), xs, labels)
+    err = errors(grads_of(bc.D_RTRL(model, window=1), xs, labels), per_step)
+    assert max(err.values()) < EXACT, err
+
+
+class UnitNet(brainstate.nn.Module):
+    """Unit-carrying conv weights (mV) driving a LIF with tau and threshold in physical
+    units, a second LIF layer, readout."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, layout='channels_first',
+                              w_init=nn.FanInNormal(4.0, unit=u.mV))
+        self.lif = nn.LIF((3, 6, 6), tau=5 * u.ms, V_th=1 * u.mV)
+        self.conv2 = nn.Conv2d(3, 2, 3, layout='channels_first',
+                               w_init=nn.FanInNormal(4.0, unit=u.mV))
+        self.lif2 = nn.LIF((2, 6, 6), tau=5 * u.ms, V_th=1 * u.mV)
+        self.flat, self.readout = nn.Flatten(), nn.Linear(72, 3)
+
+    def update(self, x):
+        return self.readout(self.flat(self.lif2(self.conv2(self.lif(self.conv(x))))))
+
+
+def test_windows_with_quantity_parameters():
+    brainstate.random.seed(0)
+    model = UnitNet()
+    xs, labels = data((2, 2, 6, 6), T=6)
+    loss = lambda out, label: xent(u.get_mantissa(out), label)
+    ref = grads_of(bc.BPTT(model), xs, labels, loss)
+    grads = grads_of(EXECUTORS['es-d-rtrl'](model, window=6), xs, labels, loss)
+    for layer in ('conv', 'conv2'):
+        for slot in ('weight', 'bias'):
+            g = grads[layer, slot]
+            assert isinstance(g, u.Quantity) and g.unit == u.mV ** -1, g
+            assert rel_err(g.mantissa, ref[layer, slot].mantissa) < EXACT
+
+
+class TypedNet(UserConvNet):
+    """The recurrent user net with parameters and states in one dtype."""
+
+    def __init__(self, dtype):
+        super().__init__(True)
+        for st in self.states(brainstate.ParamState).values():
+            st.value = jax.tree.map(lambda a: a.astype(dtype), st.value)
+        self.dtype = dtype
+
+    def init_state(self, batch_size=None, **kw):
+        self.s2 = brainstate.HiddenState(jnp.zeros((batch_size, 3, 3, 4), self.dtype))
+        self.lif1.h = brainstate.HiddenState(jnp.zeros((batch_size, 6, 6, 3), self.dtype))
+        self.lif2.h = brainstate.HiddenState(jnp.zeros((batch_size, 3, 3, 4), self.dtype))
+
+
+def test_windows_with_a_bfloat16_model_and_float32_traces():
+    xs, labels = user_data(T=8)
+    _, ref = bc.BPTT(TypedNet(jnp.float32)).value_and_grad(xent, xs.astype(jnp.float32),
+                                                           labels)
+    learner = EXECUTORS['es-d-rtrl'](TypedNet(jnp.bfloat16), trace_dtype=jnp.float32,
+                                     window=4)
+    _, grads = learner.value_and_grad(xent, xs, labels)
+    assert all(g.dtype == jnp.bfloat16 for g in jax.tree.leaves(grads))
+    assert cosine(grads, ref) > 0.95
+
+
+@pytest.mark.parametrize('bad', [0, -2, 2.5, True, '4', np.float64(3.0)])
+def test_window_must_be_a_positive_integer(bad):
+    for make in (bc.D_RTRL, bc.ES_D_RTRL):
+        with pytest.raises(ValueError, match='window must be None .* positive integer'):
+            make(UserConvNet(False), window=bad)
+
+
+def test_numpy_integer_windows_are_accepted():
+    assert bc.D_RTRL(UserConvNet(False), window=np.int64(4)).window == 4
+
+
+def test_trainer_stores_the_window_and_keeps_it_within_online_chunks():
+    import optax
+    from braintrace_conv.training import Trainer
+    model = UserConvNet(False)
+    trainer = Trainer(bc.D_RTRL(model, window=4), optax.sgd(0.1), update_every=8)
+    assert trainer.config()['window'] == 4
+    assert 'window' not in Trainer(bc.D_RTRL(model), optax.sgd(0.1)).config()
+    with pytest.raises(ValueError, match=r'window \(4 steps\) exceeds update_every \(2\)'):
+        Trainer(bc.D_RTRL(model, window=4), optax.sgd(0.1), update_every=2)
