@@ -21,13 +21,9 @@ braintools = pytest.importorskip('braintools')
 
 
 @pytest.fixture(autouse=True, scope='module')
-def float64_and_dt():
-    old = brainstate.environ.get_precision()
-    brainstate.environ.set(precision=64)
-    jax.config.update('jax_enable_x64', True)
-    with brainstate.environ.context(dt=1.0 * u.ms):
+def one_ms_steps(float64):
+    with brainstate.environ.context(dt=1.0 * u.ms):     # brainpy neurons read dt from here
         yield
-    brainstate.environ.set(precision=old)
 
 
 # neuron, input scale and unit: each fires on a fraction of the steps below

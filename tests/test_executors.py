@@ -17,12 +17,7 @@ from snn_reference import EXACT, cosine, rel_err, spike, xent
 
 
 
-@pytest.fixture(autouse=True, scope='module')
-def float64_params():
-    old = brainstate.environ.get_precision()
-    brainstate.environ.set(precision=64)
-    yield
-    brainstate.environ.set(precision=old)
+pytestmark = pytest.mark.usefixtures('float64')
 
 
 

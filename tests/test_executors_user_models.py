@@ -20,13 +20,7 @@ from snn_reference import EXACT, rel_err, spike, spike_vjp, xent
 
 
 
-@pytest.fixture(autouse=True, scope='module')
-def float64_params():
-    old = brainstate.environ.get_precision()
-    brainstate.environ.set(precision=64)
-    jax.config.update('jax_enable_x64', True)
-    yield
-    brainstate.environ.set(precision=old)
+pytestmark = pytest.mark.usefixtures('float64')
 
 
 

@@ -16,13 +16,7 @@ from braintrace_conv.training.loss import (LOSSES, SEQUENCE_LOSSES, predicted_la
 from snn_reference import EXACT, rel_err
 
 
-@pytest.fixture(autouse=True, scope='module')
-def float64_params():
-    old = brainstate.environ.get_precision()
-    brainstate.environ.set(precision=64)
-    jax.config.update('jax_enable_x64', True)
-    yield
-    brainstate.environ.set(precision=old)
+pytestmark = pytest.mark.usefixtures('float64')
 
 
 def _np_ce(z, y):

@@ -16,13 +16,7 @@ from braintrace_conv import nn
 from snn_reference import EXACT, rel_err, xent
 
 
-@pytest.fixture(autouse=True, scope='module')
-def float64_params():
-    old = brainstate.environ.get_precision()
-    brainstate.environ.set(precision=64)
-    jax.config.update('jax_enable_x64', True)
-    yield
-    brainstate.environ.set(precision=old)
+pytestmark = pytest.mark.usefixtures('float64')
 
 
 class ConvNeuronNet(brainstate.nn.Module):

@@ -17,13 +17,7 @@ from snn_reference import EXACT, cosine, rel_err, spike, xent
 from test_executors_user_models import Parametric
 
 
-@pytest.fixture(autouse=True, scope='module')
-def float64_params():
-    old = brainstate.environ.get_precision()
-    brainstate.environ.set(precision=64)
-    jax.config.update('jax_enable_x64', True)
-    yield
-    brainstate.environ.set(precision=old)
+pytestmark = pytest.mark.usefixtures('float64')
 
 
 EXECUTORS = {'d-rtrl': bc.D_RTRL, 'es-d-rtrl': lambda m, **kw: bc.ES_D_RTRL(m, 0.9, **kw)}
