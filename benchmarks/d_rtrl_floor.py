@@ -38,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import default_path, write_results  # noqa: E402
+from timing import interleaved  # noqa: E402
 
 WORKLOADS = ('dvs-channels-first', 'dvs-channels-last', 'standard-ours', 'standard-reset')
 PASSES = 3
@@ -102,13 +103,9 @@ def measure(name: str, T: int | None, repeats: int, triad_repeats: int) -> dict:
         learners[f'd-rtrl without {key}'] = bc.D_RTRL(model)
     for learner in learners.values():                              # compile and warm up
         jax.block_until_ready(learner.value_and_grad(cross_entropy, xs, labels))
-    times = {k: [] for k in learners}
-    order = list(learners)
-    for r in range(repeats):
-        for k in order[r % len(order):] + order[:r % len(order)]:
-            start = time.perf_counter()
-            jax.block_until_ready(learners[k].value_and_grad(cross_entropy, xs, labels))
-            times[k].append(time.perf_counter() - start)
+    times = interleaved({key: (lambda l=learner: jax.block_until_ready(
+        l.value_and_grad(cross_entropy, xs, labels))) for key, learner in learners.items()},
+        repeats)
     per_step = {k: float(np.median(v)) / T for k, v in times.items()}
     bandwidth = triad_bandwidth(max(sum(layers.values()) // 4, 2**16), triad_repeats)
     rows = [dict(layer=key, trace_mib=b / 2**20, floor_ms=1e3 * b * PASSES / bandwidth,

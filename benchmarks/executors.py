@@ -29,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import default_path, write_results  # noqa: E402
+from timing import interleaved  # noqa: E402
 
 ALGORITHMS = ('bptt', 'es-d-rtrl', 'd-rtrl')
 
@@ -54,13 +55,11 @@ def measure(style: str, T: int, repeats: int) -> list[dict]:
                           temp_mb=compiled.memory_analysis().temp_size_in_bytes / 2**20,
                           convolutions=compiled.as_text().count(' convolution('),
                           trace_mb=learner.report().trace_bytes / 2**20, times_s=[])
-    order = list(learners)
-    for r in range(repeats):
-        for name in order[r % 3:] + order[:r % 3]:
-            start = time.perf_counter()
-            _, g = learners[name].value_and_grad(cross_entropy, xs, labels)
-            jax.block_until_ready(g)
-            rows[name]['times_s'].append(time.perf_counter() - start)
+    times = interleaved({name: (lambda l=learner: jax.block_until_ready(
+        l.value_and_grad(cross_entropy, xs, labels))) for name, learner in learners.items()},
+        repeats)
+    for name, row in rows.items():
+        row['times_s'] = times[name]
     flat = lambda g: np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(g)])
     ref = flat(grads['bptt'])
     for name, row in rows.items():

@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import default_path, write_results  # noqa: E402
+from timing import interleaved  # noqa: E402
 
 
 def surrogates():
@@ -52,13 +52,9 @@ def timings(T: int, repeats: int) -> list[dict]:
             _, grads[name, algorithm] = learner.value_and_grad(cross_entropy, xs, labels)
             jax.block_until_ready(grads[name, algorithm])
             learners[name, algorithm] = learner
-    times = {key: [] for key in learners}
-    keys = list(learners)
-    for r in range(repeats):
-        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-            start = time.perf_counter()
-            jax.block_until_ready(learners[key].value_and_grad(cross_entropy, xs, labels))
-            times[key].append(time.perf_counter() - start)
+    times = interleaved({key: (lambda l=learner: jax.block_until_ready(
+        l.value_and_grad(cross_entropy, xs, labels))) for key, learner in learners.items()},
+        repeats)
     flat = lambda g: np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(g)])
     rows = []
     for algorithm in ('bptt', 'es-d-rtrl', 'd-rtrl'):

@@ -25,12 +25,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import default_path, write_results  # noqa: E402
+from timing import interleaved  # noqa: E402
 
 FIDELITY_MODELS = ('recurrent-ours', 'recurrent-reset', 'standard-ours', 'standard-reset')
 
@@ -145,12 +145,11 @@ def cost(T: int, windows, repeats: int, algorithms) -> list[dict]:
                          temp_mb=compiled.memory_analysis().temp_size_in_bytes / 2**20)
         print(f"  {key[0]} k={key[1]} T={T}: XLA temp {rows[key]['temp_mb']:.1f} MiB",
               file=sys.stderr, flush=True)
-    order = list(learners)
-    for r in range(repeats):      # interleaved, rotating, so load drifts alike
-        for key in order[r % len(order):] + order[:r % len(order)]:
-            start = time.perf_counter()
-            jax.block_until_ready(learners[key].value_and_grad(cross_entropy, xs, labels)[1])
-            rows[key]['times_s'].append(time.perf_counter() - start)
+    times = interleaved({key: (lambda l=learner: jax.block_until_ready(
+        l.value_and_grad(cross_entropy, xs, labels)[1])) for key, learner in learners.items()},
+        repeats)
+    for key, row in rows.items():
+        row['times_s'] = times[key]
     base = float(np.median(rows['bptt', None]['times_s'])) if repeats else float('nan')
     for row in rows.values():
         row['median_s'] = float(np.median(row['times_s'])) if repeats else float('nan')
