@@ -90,7 +90,12 @@ def cosine(a, b):
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize('neuron', list(NEURONS))
+# LIF, the exponential (saiunit's exprel) and the quadratic neuron by default; all with -m slow
+IN_DEFAULT_RUN = ('LIF-soft', 'ExpIF', 'Izhikevich')
+
+
+@pytest.mark.parametrize('neuron', [n if n in IN_DEFAULT_RUN else pytest.param(n, marks=pytest.mark.slow)
+                                    for n in NEURONS])
 def test_brainpy_state_neurons_drtrl_exact_es_drtrl_readout_exact(neuron):
     net, (xs, ys) = make(neuron), data()
     assert 0.02 < spike_fraction(net, xs) < 0.9, 'the comparison needs spikes and silences'
@@ -105,10 +110,11 @@ def test_brainpy_state_neurons_drtrl_exact_es_drtrl_readout_exact(neuron):
             assert cosine(approx[name], ref[name]) > 0.5, ('ES-D-RTRL', name)
 
 
-SURROGATES = ['ReluGrad', 'GaussianGrad', 'PiecewiseQuadratic']   # Sigmoid: above
+SURROGATES = ['GaussianGrad', 'ReluGrad', 'PiecewiseQuadratic']   # Sigmoid: above
 
 
-@pytest.mark.parametrize('name', SURROGATES)
+@pytest.mark.parametrize('name', [SURROGATES[0], *(pytest.param(n, marks=pytest.mark.slow)
+                                                  for n in SURROGATES[1:])])
 def test_braintools_surrogates_are_exact_in_drtrl(name):
     spike_fn = getattr(braintools.surrogate, name)()
     net, (xs, ys) = make('LIF-soft', spike_fn), data(T=6)

@@ -103,7 +103,9 @@ def _check_trainer_gradient(model, loss, seed, **kwargs):
     return grads
 
 
-@pytest.mark.parametrize('loss', SEQUENCE_LOSSES)
+@pytest.mark.parametrize('loss', [loss if loss in ('count_ce', 'max_membrane')
+                                  else pytest.param(loss, marks=pytest.mark.slow)
+                                  for loss in SEQUENCE_LOSSES])   # the others with -m slow
 def test_sequence_losses_train_exactly_with_d_rtrl(loss):
     brainstate.random.seed(1)
     _check_trainer_gradient(Net(), loss, seed=2)

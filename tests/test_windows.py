@@ -193,6 +193,7 @@ def fidelity(name, windows):
     return per_step, cos
 
 
+@pytest.mark.slow   # k >= T equal to BPTT stays in the default run
 def test_fidelity_rises_with_the_window_on_a_recurrent_net():
     """Cosine to BPTT over all parameters for k = 1, 4, 16 = T: it does not fall
     (measured here; the theory does not promise it for every model and data set), and
