@@ -19,9 +19,10 @@ dimensioned input, and because its derivatives keep their digits in float32: the
 sigmoid's is computed as ``alpha e / (1 + e)^2`` with ``e = exp(-alpha |x|)``, where
 the ``s (1 - s)`` form rounds to zero above threshold. Measured with
 ``benchmarks/surrogates.py`` (slope 4, float32): relative error 4e-8 at x = 5 and 20
-here, 1.0 (a zero derivative) with braintools' sigmoid; on the standard workload at
-T = 100 the two ran at 0.99-1.12x of each other's time under BPTT, ES-D-RTRL and
-D-RTRL, gradients equal to a cosine of 0.99994 or more.
+here, 1.0 (a zero derivative) with braintools' sigmoid. Speed is no reason either way:
+on the standard workload at T = 100 this one took 0.99-1.12x the time of braintools'
+under BPTT, ES-D-RTRL and D-RTRL (one interleaved run of 5 rounds), with gradients
+equal to a cosine of 0.99994 or more.
 
 Usage::
 
