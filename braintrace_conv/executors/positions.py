@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -172,7 +173,7 @@ def _reads_elementwise(eqn, part: str) -> bool:
         return False
     shape, = out_shapes
     prim, params = eqn.primitive, eqn.params
-    floats = [i for i, a in enumerate(in_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)]
+    floats = [i for i, a in enumerate(in_avals) if jnp.issubdtype(a.dtype, jnp.inexact)]
 
     def impl(*args):
         out = prim.impl(*args, **params)

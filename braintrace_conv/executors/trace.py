@@ -223,8 +223,10 @@ def _lift_plain_ops(closed, n_hidden: int, n_params: int):
                 (prim, operands, params), fold = pending.pop(i)
                 out = prim.bind(*operands, **params, pool=fold.pool)
                 if fold.bias is not None:      # pool(y + c) = pool(y) + pool(c)
-                    c = jnp.broadcast_to(read(fold.bias), jaxpr.eqns[fold.bias_eqn].outvars[0].aval.shape)
-                    out = out + eqn.primitive.bind(c, **eqn.params) * jnp.asarray(fold.pool[3], c.dtype)
+                    shape = jaxpr.eqns[fold.bias_eqn].outvars[0].aval.shape
+                    c = jnp.broadcast_to(read(fold.bias), shape)
+                    scale = jnp.asarray(fold.pool[3], c.dtype)
+                    out = out + eqn.primitive.bind(c, **eqn.params) * scale
                 last = jaxpr.eqns[fold.scale_eqn] if fold.scale_eqn is not None else eqn
                 skip.add(fold.scale_eqn)
                 env[last.outvars[0]] = out
