@@ -40,20 +40,15 @@ def recurrent_reset_net():
     last spikes + LIF, Linear readout; LIF stores the post-reset potential."""
     import brainstate
     import jax.numpy as jnp
-    from workloads import ResetLIF
-
-    from braintrace_conv.nn import FanInNormal
+    from workloads import ResetLIF, fan_in_conv2d
 
     class RecurrentReset(brainstate.nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv1 = brainstate.nn.Conv2d((16, 16, 2), 8, 3, padding='SAME',
-                                              w_init=FanInNormal(4.0)((3, 3, 2, 8)))
+            self.conv1 = fan_in_conv2d((16, 16, 2), 8, 3)
             self.lif1 = ResetLIF((16, 16, 8))
-            self.conv2 = brainstate.nn.Conv2d((16, 16, 8), 16, 3, stride=2, padding='SAME',
-                                              w_init=FanInNormal(4.0)((3, 3, 8, 16)))
-            self.rec = brainstate.nn.Conv2d((8, 8, 16), 16, 3, padding='SAME', b_init=None,
-                                            w_init=FanInNormal(2.0)((3, 3, 16, 16)))
+            self.conv2 = fan_in_conv2d((16, 16, 8), 16, 3, stride=2)
+            self.rec = fan_in_conv2d((8, 8, 16), 16, 3, gain=2.0, b_init=None)
             self.lif2 = ResetLIF((8, 8, 16))
             self.readout = brainstate.nn.Linear(8 * 8 * 16, 4)
 

@@ -38,12 +38,20 @@ from braintrace_conv.models import standard_benchmark_snn
 from braintrace_conv.nn import FanInNormal
 from braintrace_conv.nn.surrogate import Sigmoid
 
-__all__ = ['STYLES', 'DECAY', 'make_model', 'make_data', 'cross_entropy',
+__all__ = ['STYLES', 'DECAY', 'make_model', 'make_data', 'cross_entropy', 'fan_in_conv2d',
            'DVS_LAYOUTS', 'DVS_BATCH', 'DVS_IN_SHAPE', 'DVS_CLASSES', 'DVS_TAU',
            'make_dvs_model', 'make_dvs_data']
 
 STYLES = ('ours', 'reset-after-spike')
 DECAY = math.exp(-1 / 10)
+
+
+def fan_in_conv2d(in_size, out_channels, k, *, stride=1, gain=4.0, **kwargs):
+    """``brainstate.nn.Conv2d`` (channels last, SAME padding, k x k) with a kernel drawn
+    from ``FanInNormal(gain)``, the initialisation every brainstate-style workload uses."""
+    return brainstate.nn.Conv2d(in_size, out_channels, k, stride=stride, padding='SAME',
+                                w_init=FanInNormal(gain)((k, k, in_size[-1], out_channels)),
+                                **kwargs)
 
 
 class ResetLIF(brainstate.nn.Module):
@@ -68,11 +76,9 @@ class ResetAfterSpikeNet(brainstate.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.conv1 = brainstate.nn.Conv2d((32, 32, 2), 8, 3, padding='SAME',
-                                          w_init=FanInNormal(4.0)((3, 3, 2, 8)))
+        self.conv1 = fan_in_conv2d((32, 32, 2), 8, 3)
         self.lif1 = ResetLIF((32, 32, 8))
-        self.conv2 = brainstate.nn.Conv2d((32, 32, 8), 16, 3, stride=2, padding='SAME',
-                                          w_init=FanInNormal(4.0)((3, 3, 8, 16)))
+        self.conv2 = fan_in_conv2d((32, 32, 8), 16, 3, stride=2)
         self.lif2 = ResetLIF((16, 16, 16))
         self.readout = brainstate.nn.Linear(16 * 16 * 16, 10)
 
@@ -141,9 +147,7 @@ class DvsChannelsLast(brainstate.nn.Module):
     def __init__(self):
         super().__init__()
         decay = math.exp(-1 / DVS_TAU)
-        conv = lambda size, c_out, k, stride=1: brainstate.nn.Conv2d(
-            size, c_out, k, stride=stride, padding='SAME',
-            w_init=FanInNormal(4.0)((k, k, size[-1], c_out)))
+        conv = fan_in_conv2d
         self.conv1 = conv((64, 64, 2), 16, 5, stride=2)
         self.lif1 = ResetLIF((32, 32, 16), decay)
         self.conv2 = conv((32, 32, 16), 32, 3)
