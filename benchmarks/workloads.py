@@ -147,14 +147,13 @@ class DvsChannelsLast(brainstate.nn.Module):
     def __init__(self):
         super().__init__()
         decay = math.exp(-1 / DVS_TAU)
-        conv = fan_in_conv2d
-        self.conv1 = conv((64, 64, 2), 16, 5, stride=2)
+        self.conv1 = fan_in_conv2d((64, 64, 2), 16, 5, stride=2)
         self.lif1 = ResetLIF((32, 32, 16), decay)
-        self.conv2 = conv((32, 32, 16), 32, 3)
+        self.conv2 = fan_in_conv2d((32, 32, 16), 32, 3)
         self.lif2 = ResetLIF((32, 32, 32), decay)
-        self.conv3 = conv((16, 16, 32), 64, 3)
+        self.conv3 = fan_in_conv2d((16, 16, 32), 64, 3)
         self.lif3 = ResetLIF((16, 16, 64), decay)
-        self.conv4 = conv((8, 8, 64), 64, 3)
+        self.conv4 = fan_in_conv2d((8, 8, 64), 64, 3)
         self.lif4 = ResetLIF((8, 8, 64), decay)
         self.pool = brainstate.nn.AvgPool2d(2, 2)
         self.fc = brainstate.nn.Linear(4 * 4 * 64, DVS_CLASSES)
