@@ -1,4 +1,5 @@
-"""Data parallelism: batch-sharded gradients equal single-device ones, and XLA partitions them.
+"""Data parallelism: batch-sharded gradients equal single-device ones, and XLA partitions them,
+for every executor, with and without windows.
 
 The multi-device checks run in a subprocess because the number of virtual
 CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=4``) is
@@ -18,6 +19,7 @@ from braintrace_conv.sharding import BATCH_AXIS_NAME, data_mesh, shard_batch
 
 N_DEVICES = 4
 T, B = 6, 8
+ALGORITHMS = ["BPTT", "D_RTRL", "ES_D_RTRL", "D_RTRL_window", "ES_D_RTRL_window"]
 
 WORKER = textwrap.dedent(f"""
     import json, math, re
@@ -52,7 +54,11 @@ WORKER = textwrap.dedent(f"""
     net = Net()
     result = {{'devices': len(jax.devices())}}
     for name, make in [('BPTT', bc.BPTT), ('D_RTRL', bc.D_RTRL),
-                       ('ES_D_RTRL', lambda m: bc.ES_D_RTRL(m, decay=math.exp(-1 / 5)))]:
+                       ('ES_D_RTRL', lambda m: bc.ES_D_RTRL(m, decay=math.exp(-1 / 5))),
+                       # windows of 4 steps: one whole window and a shorter last one
+                       ('D_RTRL_window', lambda m: bc.D_RTRL(m, window=4)),
+                       ('ES_D_RTRL_window',
+                        lambda m: bc.ES_D_RTRL(m, decay=math.exp(-1 / 5), window=4))]:
         learner = make(net)
         loss_one, grads_one = learner.value_and_grad(loss_fn, jnp.asarray(xs), jnp.asarray(labels))
         loss_all, grads_all = learner.value_and_grad(loss_fn, xs_sharded, labels_sharded)
@@ -85,7 +91,7 @@ def sharded_run():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("algorithm", ["BPTT", "D_RTRL", "ES_D_RTRL"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_sharded_gradients_equal_single_device(sharded_run, algorithm):
     assert sharded_run["devices"] == N_DEVICES
     run = sharded_run[algorithm]
@@ -94,7 +100,7 @@ def test_sharded_gradients_equal_single_device(sharded_run, algorithm):
     assert max(run["grad_rel"].values()) < 1e-9, run["grad_rel"]
 
 
-@pytest.mark.parametrize("algorithm", ["BPTT", "D_RTRL", "ES_D_RTRL"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_compiled_computation_is_partitioned(sharded_run, algorithm):
     run = sharded_run[algorithm]
     # Gradients are batch sums: partial sums per device, combined by all-reduce ...
