@@ -84,7 +84,8 @@ WORKER = textwrap.dedent(f"""
 @pytest.fixture(scope="module")
 def sharded_run():
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={N_DEVICES}")
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+                         f"--xla_force_host_platform_device_count={N_DEVICES}")
     proc = subprocess.run([sys.executable, "-c", WORKER], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

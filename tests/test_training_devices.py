@@ -145,7 +145,8 @@ DISTRIBUTED = textwrap.dedent("""
 
 def _env(devices):
     return dict(os.environ, JAX_PLATFORMS='cpu',
-                XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+                XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+                          f'--xla_force_host_platform_device_count={devices}')
 
 
 def _free_port() -> int:
