@@ -54,7 +54,7 @@ from .data import digits_saccades, moving_bars, stream_directory, synthetic_shd
 from ._npy_files import available_memory
 from .models import recurrent_conv_snn
 from .training import NONFINITE, Trainer, checkpoint, run_dir
-from .training.trainer import data_fingerprint
+from .training.fingerprint import data_fingerprint
 from .training.loss import DEFAULT_TARGET_RATES, LOSSES
 
 __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS',

@@ -54,7 +54,6 @@ warns, ``'raise'`` stops).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -76,6 +75,7 @@ from ..data import EventDataset, FrameDataset
 from ..executors import Learner
 from ..units import split_unit
 from . import checkpoint, logs, placement, run_dir
+from .fingerprint import data_fingerprint
 from ._files import atomic_write
 from .loss import (DEFAULT_TARGET_RATES, LOSSES, SEQUENCE_LOSSES, check_rate_targets,
                    check_target_rates, linearised_step_loss, predicted_labels, rate_penalty,
@@ -132,26 +132,6 @@ def _split_output(out) -> tuple:
 def _step_loss(out, target):
     """The executors' per-step loss: :func:`weighted_cross_entropy` of the scores."""
     return weighted_cross_entropy(_split_output(out)[0], target)
-
-
-def data_fingerprint(dataset) -> Optional[dict]:
-    """Size and SHA-256 of what a resumed run must reuse: the events and labels of a
-    dataset in memory; the sources (e.g. file paths) and labels of a streamed one, whose
-    files are not read for it."""
-    if dataset is None:
-        return None
-    if isinstance(dataset, EventDataset):
-        digest = hashlib.sha256(np.ascontiguousarray(dataset.events).tobytes())
-    elif hasattr(dataset, 'sources'):
-        digest = hashlib.sha256('\n'.join(map(str, dataset.sources)).encode())
-    else:   # another FrameDataset: its frames, read once
-        digest = hashlib.sha256()
-        for xs, _ in dataset.batches(64, shuffle=False):
-            digest.update(np.ascontiguousarray(xs).tobytes())
-    digest.update(np.ascontiguousarray(dataset.labels).tobytes())
-    return dict(samples=len(dataset.labels),
-                shape=[len(dataset.labels), dataset.num_steps, *dataset.frame_shape],
-                sha256=digest.hexdigest())
 
 
 class Trainer:
