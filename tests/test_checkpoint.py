@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import braintrace_conv as bc
 from braintrace_conv.data import moving_bars
 from braintrace_conv.models import recurrent_conv_snn
 from braintrace_conv.training import (BEST_CHECKPOINT, LAST_CHECKPOINT, SCALAR_COLUMNS,
-                                      SCALARS_NAME, Trainer, checkpoint)
+                                      SCALARS_NAME, Trainer, checkpoint, run_dir)
 
 T, SIZE = 6, (8, 8)
 
@@ -176,7 +177,7 @@ def test_a_run_directory_is_locked_while_a_process_writes_in_it(run, data, tmp_p
         holder.kill()
         holder.wait()
     # the lock file of the killed holder remains, with its pid: it is stale and taken over
-    assert (out / '.lock').read_text().strip() == str(holder.pid)
+    assert (out / '.lock').read_text().split()[0] == str(holder.pid)
     fit(trainer(seed=3), data, out, 1, overwrite=True)
     assert not (out / '.lock').exists()
 
@@ -193,6 +194,38 @@ def test_overwrite_removes_links_never_their_targets(run, data, tmp_path):
     assert (elsewhere / 'keep.txt').read_text() == 'not the run\'s'
     assert os.listdir(elsewhere) == ['keep.txt']
     assert not (out / 'tensorboard').exists() and not (out / 'metrics.json').is_symlink()
+
+
+def test_without_fcntl_the_lock_is_a_file_holding_pid_and_host(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_dir, 'fcntl', None)
+    out, host = tmp_path / 'run', socket.gethostname()
+    with run_dir.locked(out):
+        assert (out / '.lock').read_text().split()[:2] == [str(os.getpid()), host]
+        with run_dir.locked(out):                       # re-entrant within the process
+            pass
+        assert run_dir.lock_holder(out) is None and (out / '.lock').exists()
+    assert os.listdir(out) == []                        # released
+    holder = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
+    try:
+        for where, pid in ((host, f'pid {holder.pid}'), ('elsewhere', 'pid 1 on elsewhere')):
+            lock = f'{holder.pid if where == host else 1} {where} 0123\n'
+            (out / '.lock').write_text(lock)
+            for attempt in (lambda: run_dir.check(out, resume=False, overwrite=True),
+                            lambda: run_dir.locked(out).__enter__()):
+                with pytest.raises(run_dir.RunLockedError,
+                                   match=rf'run is in use: another process \({pid}\) is writing '
+                                         rf'a run in it; wait for it to end or stop it'):
+                    attempt()
+                assert os.listdir(out) == ['.lock'] and (out / '.lock').read_text() == lock
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder ended without releasing its lock: it is stale and taken over
+    (out / '.lock').write_text(f'{holder.pid} {host} 0123\n')
+    assert run_dir.lock_holder(out) is None
+    with run_dir.locked(out):
+        assert (out / '.lock').read_text().split()[0] == str(os.getpid())
+    assert os.listdir(out) == []
 
 
 # ----------------------------------------------------------------------------- kill and resume
