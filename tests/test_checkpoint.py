@@ -20,8 +20,8 @@ import pytest
 import braintrace_conv as bc
 from braintrace_conv.data import moving_bars
 from braintrace_conv.models import recurrent_conv_snn
-from braintrace_conv.training import (BEST_CHECKPOINT, LAST_CHECKPOINT, SCALAR_COLUMNS,
-                                      SCALARS_NAME, Trainer, checkpoint, run_dir)
+from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT,
+                                      SCALAR_COLUMNS, SCALARS_NAME, Trainer, checkpoint, run_dir)
 
 T, SIZE = 6, (8, 8)
 
@@ -194,6 +194,51 @@ def test_overwrite_removes_links_never_their_targets(run, data, tmp_path):
     assert (elsewhere / 'keep.txt').read_text() == 'not the run\'s'
     assert os.listdir(elsewhere) == ['keep.txt']
     assert not (out / 'tensorboard').exists() and not (out / 'metrics.json').is_symlink()
+
+
+def tree(directory) -> dict:
+    """Every entry under ``directory``, hidden ones too: a file's bytes, a link's target,
+    ``'dir'`` for a directory."""
+    def entry(p):
+        return ('link to ' + os.readlink(p) if p.is_symlink() else 'dir' if p.is_dir()
+                else p.read_bytes())
+    return {p.relative_to(directory): entry(p) for p in directory.rglob('*')}
+
+
+def test_overwrite_is_all_or_nothing(run, tmp_path, monkeypatch):
+    out = tmp_path / 'run'
+    shutil.copytree(run[0], out)
+    (out / 'notes.txt').write_text('mine')
+    before = tree(out)
+    rename = os.rename
+
+    def refused(src, dst):     # e.g. a file or directory the user may not move
+        if os.path.basename(src) == CURVE_NAME:
+            raise PermissionError(13, 'Permission denied')
+        return rename(src, dst)
+
+    monkeypatch.setattr(os, 'rename', refused)
+    with pytest.raises(PermissionError, match=rf'cannot replace the run in {out}: '
+                                              rf'{out / CURVE_NAME} cannot be moved \(Permission '
+                                              rf'denied\); nothing was removed'):
+        run_dir.create(out, overwrite=True)
+    assert tree(out) == before              # the files moved before the failure are back
+    monkeypatch.setattr(os, 'rename', rename)
+    # the files of a run replaced earlier that could not be deleted: removed now
+    rmtree = shutil.rmtree
+
+    def undeletable(path):
+        raise PermissionError(13, 'Permission denied', str(path))
+
+    monkeypatch.setattr(shutil, 'rmtree', undeletable)
+    with pytest.warns(RuntimeWarning, match=r'the files of the run replaced in .* could not all '
+                                            r'be deleted .*; they are in .*\.replaced-run\.'):
+        run_dir.create(out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith('.replaced-run.')) == \
+        ['notes.txt']
+    monkeypatch.setattr(shutil, 'rmtree', rmtree)
+    run_dir.create(out, overwrite=False)
+    assert os.listdir(out) == ['notes.txt']
 
 
 def test_without_fcntl_the_lock_is_a_file_holding_pid_and_host(tmp_path, monkeypatch):

@@ -14,8 +14,12 @@ advisory lock on that file, which the operating system releases when its
 holder dies; elsewhere (Windows) it is the file itself, created exclusively
 and removed on release, and one whose pid is no longer running on this host
 is stale (one of another host is never taken over: its pid cannot be checked).
-Temporary files left by a killed write are removed when a run is resumed or
-replaced.
+
+A run is replaced all or nothing: its files are first renamed into a fresh
+hidden directory beside them (:data:`TRASH_PREFIX`; a rename fails up front,
+e.g. on permissions, and those already moved are moved back), then deleted.
+Temporary files left by a killed write, and such directories left by a
+killed replacement, are removed when a run is resumed or replaced.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import shutil
 import socket
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Optional, Union
 
@@ -39,7 +44,8 @@ except ImportError:     # no advisory locks on this platform: an exclusively cre
     fcntl = None
 
 __all__ = ['LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'METRICS_NAME', 'SCALARS_NAME', 'CURVE_NAME',
-           'TENSORBOARD_DIR', 'RUN_FILES', 'CHECKPOINTS', 'LOCK_NAME', 'RunLockedError',
+           'TENSORBOARD_DIR', 'RUN_FILES', 'CHECKPOINTS', 'LOCK_NAME', 'TRASH_PREFIX',
+           'RunLockedError',
            'run_files', 'check', 'create', 'locked', 'lock_holder', 'lagging',
            'checkpoint_file']
 
@@ -62,6 +68,8 @@ RUN_FILES = (LAST_CHECKPOINT, BEST_CHECKPOINT, METRICS_NAME, SCALARS_NAME, CURVE
              TENSORBOARD_DIR, 'checkpoint.pkl')
 #: The lock file of a run directory while a process writes the run.
 LOCK_NAME = '.lock'
+#: Prefix of the hidden directory the files of a run being replaced are moved into.
+TRASH_PREFIX = '.replaced-run.'
 # Locks this process holds: directory -> [what releases it, depth].
 _held: dict = {}
 _NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
@@ -335,27 +343,66 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
 
 def create(directory: Union[str, os.PathLike], *, overwrite: bool) -> Path:
     """Create ``directory`` and check that it is writable (``OSError`` otherwise); with
-    ``overwrite``, first remove the run files in it (a link as a link, never what it points
-    to). Temporary files left by interrupted writes are removed."""
+    ``overwrite``, first remove the run files in it, all or nothing (:func:`_replace`).
+    What interrupted writes and replacements left is removed."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=directory):
         pass
     for stale in _stale_temporaries(directory):
-        stale.unlink(missing_ok=True)
+        _remove(stale)
     if overwrite:
-        for name in run_files(directory):
-            target = directory / name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            else:
-                target.unlink()
+        _replace(directory)
     return directory
 
 
+def _remove(path: Path) -> None:
+    """Remove a file, a link (never what it points to) or a directory tree."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _replace(directory: Path) -> None:
+    """Remove the run files of ``directory``, all or nothing: rename them into a fresh
+    hidden directory there (links as links), then delete that. If a rename fails, those
+    already renamed are moved back and ``OSError`` names the file; the run is unchanged."""
+    names = run_files(directory)
+    if not names:
+        return
+    trash = Path(tempfile.mkdtemp(prefix=TRASH_PREFIX, dir=directory))
+    moved = []
+    try:
+        for name in names:
+            os.rename(directory / name, trash / name)
+            moved.append(name)
+    except OSError as err:
+        failed, stuck = directory / name, []
+        for name in reversed(moved):
+            try:
+                os.rename(trash / name, directory / name)
+            except OSError:
+                stuck.append(name)
+        if not stuck:
+            trash.rmdir()
+        outcome = (f'{", ".join(stuck)} could not be moved back from {trash}' if stuck
+                   else 'nothing was removed')
+        raise type(err)(err.errno, f'cannot replace the run in {directory}: {failed} cannot '
+                                   f'be moved ({err.strerror}); {outcome}') from None
+    try:
+        shutil.rmtree(trash)
+    except OSError as err:      # the run is replaced; only its old files remain, hidden
+        warnings.warn(f'the files of the run replaced in {directory} could not all be '
+                      f'deleted ({err}); they are in {trash}, removed on the next '
+                      f'resume or overwrite', RuntimeWarning, stacklevel=3)
+
+
 def _stale_temporaries(directory: Path) -> list:
-    """Temporary files left by killed writes of run files: ``.<name>.<random>.tmp``."""
-    return [p for name in RUN_FILES for p in directory.glob(f'.{name}.*.tmp')]
+    """What killed writes and replacements left: temporary files of run files
+    (``.<name>.<random>.tmp``) and directories of replaced runs (:data:`TRASH_PREFIX`)."""
+    return ([p for name in RUN_FILES for p in directory.glob(f'.{name}.*.tmp')]
+            + sorted(directory.glob(f'{TRASH_PREFIX}*')))
 
 
 def lagging(directory: Union[str, os.PathLike], epoch: int, best: Optional[dict]) -> list:

@@ -604,7 +604,9 @@ class Trainer:
             of devices may differ (a warning says so): the run then equals an
             uninterrupted one up to the rounding of the gradient's batch sum.
         overwrite : bool, default False
-            Replace the run in ``out_dir`` (its run files are removed).
+            Replace the run in ``out_dir``: its run files are removed, all or
+            nothing (a file that cannot be moved aside is an ``OSError``
+            naming it, and the run is left as it was).
         run_config : dict, optional
             JSON-able description of the run (e.g. the command-line options),
             stored in checkpoints and ``metrics.json``.
