@@ -35,6 +35,7 @@ for an I/O error during the run; 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import resource
@@ -557,22 +558,23 @@ def _out_error(args, error: Exception, usage: str) -> UsageError:
 
 
 def _remove_new_run(args) -> bool:
-    """After a new run failed before its first checkpoint: remove what it wrote (the
-    directory held no run before, or was to be replaced). Returns whether it did."""
+    """After a new run failed before its first checkpoint: remove the run files it wrote
+    (the directory held no run before, or was to be replaced), under the directory's lock.
+    Returns whether it did. A directory the run created is removed by :func:`_train` once
+    the lock is released, if it is empty then."""
     if args.resume or (args.out / run_dir.LAST_CHECKPOINT).exists():
         return False
     try:
         run_dir.create(args.out, overwrite=True)
-        if not args.out_existed and not any(args.out.iterdir()):
-            args.out.rmdir()
     except OSError:
         return False
+    args.emptied = True
     return True
 
 
 def _train(args, usage: str, start: float) -> int:
     args = _resolve(args, usage)
-    args.out_existed = os.path.lexists(args.out)
+    args.out_existed, args.emptied = os.path.lexists(args.out), False
     try:
         run_dir.check(args.out, resume=args.resume, overwrite=args.overwrite)
     except (OSError, ValueError, run_dir.RunLockedError) as error:
@@ -581,10 +583,25 @@ def _train(args, usage: str, start: float) -> int:
         return 0
     trainer, train, test = _setup(args, usage)
     try:
-        run_dir.create(args.out, overwrite=False)
-    except OSError as error:
-        raise UsageError(f'--out {args.out} cannot be written: {error.strerror or error}',
-                         usage) from None
+        # every write to the run directory, the last metrics.json included, holds its lock
+        with contextlib.ExitStack() as lock:
+            try:
+                lock.enter_context(run_dir.locked(args.out))
+                run_dir.create(args.out, overwrite=False)
+            except OSError as error:
+                raise UsageError(f'--out {args.out} cannot be written: '
+                                 f'{error.strerror or error}', usage) from None
+            except run_dir.RunLockedError as error:
+                raise _out_error(args, error, usage) from None
+            return _fit(args, usage, start, trainer, train, test)
+    finally:
+        if args.emptied and not args.out_existed:
+            with contextlib.suppress(OSError):
+                args.out.rmdir()    # only if empty
+
+
+def _fit(args, usage: str, start: float, trainer: Trainer, train, test) -> int:
+    """Train (holding the run directory's lock), write the final metrics and report."""
     learner = trainer.learner
     if not args.quiet:
         print(f'{args.task}: {len(train)} train / {len(test)} test samples, '

@@ -896,14 +896,15 @@ class Trainer:
 
     def write_logs(self, out_dir: Union[str, os.PathLike], **extra) -> dict:
         """Write ``metrics.json`` (:meth:`metrics` plus ``extra``) and
-        ``learning_curve.png`` into ``out_dir``; returns the metrics dict."""
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        ``learning_curve.png`` into ``out_dir``, holding its lock
+        (:func:`~braintrace_conv.training.run_dir.locked`: ``RunLockedError`` while another
+        process writes a run there); returns the metrics dict."""
         metrics = dict(self.metrics(), **extra)
-        logs.write_metrics(out_dir, metrics)
-        if self.history:
-            logs.write_curve(out_dir, self.history, logs.run_title({**self.run_config,
-                                                                     **self.config()}))
+        with run_dir.locked(out_dir) as out_dir:
+            logs.write_metrics(out_dir, metrics)
+            if self.history:
+                logs.write_curve(out_dir, self.history, logs.run_title({**self.run_config,
+                                                                         **self.config()}))
         return metrics
 
 
