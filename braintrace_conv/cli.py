@@ -17,7 +17,11 @@ replaced with ``--overwrite``, never overwritten silently.
 The options that define the result are stored with the run and must be equal
 on ``--resume``; ``--devices`` and ``--cache-size`` may change (a different
 device count changes only the rounding of the gradient's batch sum, and a
-warning says so), and a larger ``--epochs`` continues a finished run. A
+warning says so), and a larger ``--epochs`` continues a finished run. So must
+the data, by their fingerprint (:mod:`braintrace_conv.training.fingerprint`):
+a file of a ``--stream`` data set whose size or modification time changed is
+named and refused (a run written by a version that recorded paths only is
+checked by its paths, and a warning says so). A
 resumed run first repairs what a run killed after its last checkpoint left
 behind (best checkpoint, ``metrics.json``, learning curve, temporary files);
 a directory another process is training in is refused with that process's pid.
@@ -25,8 +29,9 @@ a directory another process is training in is refused with that process's pid.
 ``braintrace-conv evaluate --run DIR`` rebuilds the data and model of a saved
 run from its stored options, loads its best (or ``--checkpoint last``)
 parameters and reports the test loss, accuracy and spike rates. Test data
-that differ from those the run was evaluated on (files added, removed or
-swapped) are refused unless ``--allow-data-change``.
+that differ from those the run was evaluated on (files added, removed,
+swapped, or changed in size or modification time) are refused unless
+``--allow-data-change``.
 
 Exit codes: 0 on success (also when ``--resume`` finds the run finished, which
 it reports); 2 for a user error (the usage line, then one line on stderr); 1
@@ -55,7 +60,7 @@ from .data import digits_saccades, moving_bars, stream_directory, synthetic_shd
 from ._npy_files import available_memory
 from .models import recurrent_conv_snn
 from .training import NONFINITE, Trainer, checkpoint, run_dir
-from .training.fingerprint import data_fingerprint
+from .training.fingerprint import data_change
 from .training.loss import DEFAULT_TARGET_RATES, LOSSES
 
 __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS',
@@ -708,12 +713,13 @@ def _check_test_data(test, meta: dict, path, allow: bool, usage: str) -> None:
     stored = meta.get('fit', {}).get('eval_data')
     if not isinstance(stored, dict):
         return
-    now = data_fingerprint(test)
-    if stored == now:
+    change, note = data_change(stored, test)
+    if note is not None:
+        warnings.warn(f'{path}, test set: {note}', RuntimeWarning)
+    if change is None:
         return
-    message = (f'the test set rebuilt for the run in {path} ({now["samples"]} samples) differs '
-               f'from the one it was evaluated on ({stored.get("samples")} samples): its data '
-               f'changed since')
+    message = (f'the test set rebuilt for the run in {path} differs from the one it was '
+               f'evaluated on: {change}')
     if not allow:
         raise UsageError(f'--run: {message}; pass --allow-data-change to evaluate anyway', usage)
     warnings.warn(f'{message}; evaluating anyway (--allow-data-change)', RuntimeWarning)
