@@ -31,7 +31,11 @@ run from its stored options, loads its best (or ``--checkpoint last``)
 parameters and reports the test loss, accuracy and spike rates. Test data
 that differ from those the run was evaluated on (files added, removed,
 swapped, or changed in size or modification time) are refused unless
-``--allow-data-change``.
+``--allow-data-change``. The data of a run of ``--task events`` are read from
+the directory the run recorded, if its checkpoint and the ``metrics.json``
+beside it agree on it, or from the one ``--data DIR`` names (a moved or copied
+data set; its files are compared by their paths relative to it): no
+directory that a checkpoint alone names is ever read or listed.
 
 Exit codes: 0 on success (also when ``--resume`` finds the run finished, which
 it reports); 2 for a user error (the usage line, then one line on stderr); 1
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import resource
@@ -88,6 +93,8 @@ DEFAULT_CACHE_SIZE = 256
 #: smaller than 4 x 4 give identical recordings for different directions; digits need
 #: room for a digit of 8 pixels.
 MIN_SIZE = {'moving-bars': 4, 'digits': 8}
+#: Largest ``metrics.json`` that ``evaluate`` reads to confirm a run's data directory.
+MAX_METRICS_BYTES = 64 * 2**20
 #: Largest --seed (the generators take 64-bit seeds).
 MAX_SEED = 2**63 - 1
 ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
@@ -264,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument('--batch-size', type=int, default=64)
     evaluate.add_argument('--devices', type=int, metavar='N',
                           help='data-parallel devices (default: all of jax.devices())')
+    evaluate.add_argument('--data', type=_path, metavar='DIR',
+                          help='runs of --task events: the directory to rebuild the test set '
+                               'from, e.g. a moved or copied data set (default: the one the '
+                               'run recorded, if its checkpoint and its metrics.json agree; '
+                               'no other directory is read)')
     evaluate.add_argument('--allow-data-change', action='store_true',
                           help='evaluate even if the test data differ from those the run was '
                                'evaluated on (by default an error)')
@@ -663,7 +675,8 @@ def _evaluate(args, usage: str) -> int:
     if missing:
         raise UsageError(f'--run: {path} was not written by "{PROG} train" (its run options '
                          f'lack {", ".join(missing)})', usage)
-    run = _stored_run(stored, path, usage)
+    run = _stored_run(dict(stored, data=_evaluation_data(args, stored, path, usage)), path,
+                      usage)
     run.devices = _devices(args.devices, usage)
     try:
         trainer, _, test = _setup(run, usage, train=False)
@@ -681,6 +694,49 @@ def _evaluate(args, usage: str) -> int:
           f'samples: test accuracy {result["accuracy"]:.1%}, test loss {result["loss"]:.4f}, '
           f'spike rates [{rates}]')
     return 0
+
+
+def _recorded_run_option(metrics: Path, key: str):
+    """The run option ``key`` in the run options of the file ``metrics`` (``metrics.json``),
+    or ``None`` if it has none: missing, a link (a run never writes through one), not a
+    regular file, larger than :data:`MAX_METRICS_BYTES`, or not JSON."""
+    if metrics.is_symlink() or not metrics.is_file():
+        return None
+    try:
+        with open(metrics, 'rb') as f:
+            text = f.read(MAX_METRICS_BYTES + 1)
+        recorded = json.loads(text) if len(text) <= MAX_METRICS_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    options = recorded.get('run_config') if isinstance(recorded, dict) else None
+    return options.get(key) if isinstance(options, dict) else None
+
+
+def _evaluation_data(args, stored: dict, path: Path, usage: str):
+    """The data directory to rebuild the test set of the run stored in the checkpoint
+    ``path`` from: ``--data``, or (a run of --task events) the one the run recorded both in
+    that checkpoint and in the ``metrics.json`` beside it. No directory a crafted
+    checkpoint names alone is ever read or listed."""
+    if stored.get('task') != 'events':
+        if args.data is not None:
+            raise UsageError(f'--data applies only to runs of --task events; the run in {path} '
+                             f'is of --task {stored.get("task")}', usage)
+        return stored.get('data')
+    if args.data is not None:
+        if not args.data.is_dir():
+            raise UsageError(f'--data {args.data} is not a directory', usage)
+        return str(args.data)
+    named, metrics = stored.get('data'), path.parent / run_dir.METRICS_NAME
+    recorded = _recorded_run_option(metrics, 'data')
+    if named is None or recorded != named:
+        raise UsageError(f'--run: the data directory named in {path} ({named}) is not the one '
+                         f'recorded in {metrics} ({"none" if recorded is None else recorded}); '
+                         f'evaluate reads only the data directory its run recorded in both, or '
+                         f'the one --data DIR names', usage)
+    if not Path(named).is_dir():
+        raise UsageError(f'--run: the data directory of the run in {path}, {named}, is not a '
+                         f'directory here; pass --data DIR to name where its data are', usage)
+    return named
 
 
 def _stored_run(stored: dict, path, usage: str) -> argparse.Namespace:

@@ -145,6 +145,9 @@ CASES = [
      "argument --checkpoint: invalid choice: 'worst'"),
     (['evaluate', '--run', '{run}', '--batch-size', '0'], '--batch-size must be positive, got 0'),
     (['evaluate', '--run', '{run}', '--devices', '3'], '--devices 3 exceeds the 1 available'),
+    (['evaluate', '--run', '{run}', '--data', '{empty}'],
+     r'--data applies only to runs of --task events; the run in .*checkpoint-best.npz is of '
+     r'--task moving-bars'),
 ]
 
 

@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
+from braintrace_conv import cli
 from braintrace_conv.cli import main
 from braintrace_conv.data import stream_directory
 from braintrace_conv.training import BEST_CHECKPOINT, LAST_CHECKPOINT, Trainer, checkpoint
@@ -295,3 +296,43 @@ def test_runs_with_path_only_fingerprints_still_resume_and_evaluate(streamed, tm
         assert (f'warning: {out / LAST_CHECKPOINT}, {key}: its fingerprint was written by an '
                 f'older version and covers the file paths only') in err
     assert 'interrupted; epochs 1-1 are saved' in err
+
+
+def test_evaluate_reads_only_the_data_directory_its_run_recorded(streamed, recordings, tmp_path,
+                                                                 capsys, monkeypatch):
+    data, run = streamed
+    forged = tmp_path / 'forged'
+    shutil.copytree(run, forged)
+    elsewhere = str(recordings / 'dvs')       # a directory the run never named
+    for name in (LAST_CHECKPOINT, BEST_CHECKPOINT):
+        arrays, meta = checkpoint.read(forged / name)
+        checkpoint.write(forged / name, arrays, dict(meta, run=dict(meta['run'], data=elsewhere)))
+    listed = []
+
+    def listing(root, **kwargs):
+        listed.append(str(root))
+        return stream_directory(root, **kwargs)
+
+    monkeypatch.setattr(cli, 'stream_directory', listing)
+    before = tree(forged)
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(forged)]) == 2
+    assert one_error_line(capsys) == (
+        f'braintrace-conv: error: --run: the data directory named in {forged / BEST_CHECKPOINT} '
+        f'({elsewhere}) is not the one recorded in {forged / "metrics.json"} ({data}); evaluate '
+        f'reads only the data directory its run recorded in both, or the one --data DIR names')
+    lone = tmp_path / 'lone'            # a checkpoint without its run directory
+    lone.mkdir()
+    shutil.copy(run / BEST_CHECKPOINT, lone)
+    assert main(['evaluate', '--run', str(lone / BEST_CHECKPOINT)]) == 2
+    assert f'is not the one recorded in {lone / "metrics.json"} (none)' in one_error_line(capsys)
+    assert listed == [] and tree(forged) == before
+    # --data names the directory: the run's, or a copy elsewhere with the same files and times
+    copy = tmp_path / 'copy'
+    shutil.copytree(data, copy)
+    for path, directory in ((forged, data), (lone / BEST_CHECKPOINT, copy)):
+        assert main(['evaluate', '--run', str(path), '--data', str(directory)]) == 0
+        assert 'test accuracy 100.0%' in capsys.readouterr().out
+    assert listed == [str(data), str(copy)]
+    assert main(['evaluate', '--run', str(forged), '--data', str(tmp_path / 'absent')]) == 2
+    assert one_error_line(capsys).endswith(f'--data {tmp_path / "absent"} is not a directory')
