@@ -75,8 +75,8 @@ from ..data import EventDataset, FrameDataset
 from ..executors import Learner
 from ..units import split_unit
 from . import checkpoint, logs, placement, run_dir
-from .fingerprint import data_change, data_fingerprint
 from ._files import atomic_write
+from .fingerprint import data_change, data_fingerprint
 from .loss import (DEFAULT_TARGET_RATES, LOSSES, SEQUENCE_LOSSES, check_rate_targets,
                    check_target_rates, linearised_step_loss, predicted_labels, rate_penalty,
                    sequence_loss, step_weights, weighted_cross_entropy)
