@@ -17,7 +17,11 @@ replaced with ``--overwrite``, never overwritten silently.
 The options that define the result are stored with the run and must be equal
 on ``--resume``; ``--devices`` and ``--cache-size`` may change (a different
 device count changes only the rounding of the gradient's batch sum, and a
-warning says so), and a larger ``--epochs`` continues a finished run. A
+warning says so), and a larger ``--epochs`` continues a finished run. So must
+the data, by their fingerprint (:mod:`braintrace_conv.training.fingerprint`):
+a file of a ``--stream`` data set whose size or modification time changed is
+named and refused (a run written by a version that recorded paths only is
+checked by its paths, and a warning says so). A
 resumed run first repairs what a run killed after its last checkpoint left
 behind (best checkpoint, ``metrics.json``, learning curve, temporary files);
 a directory another process is training in is refused with that process's pid.
@@ -25,8 +29,13 @@ a directory another process is training in is refused with that process's pid.
 ``braintrace-conv evaluate --run DIR`` rebuilds the data and model of a saved
 run from its stored options, loads its best (or ``--checkpoint last``)
 parameters and reports the test loss, accuracy and spike rates. Test data
-that differ from those the run was evaluated on (files added, removed or
-swapped) are refused unless ``--allow-data-change``.
+that differ from those the run was evaluated on (files added, removed,
+swapped, or changed in size or modification time) are refused unless
+``--allow-data-change``. The data of a run of ``--task events`` are read from
+the directory the run recorded, if its checkpoint and the ``metrics.json``
+beside it agree on it, or from the one ``--data DIR`` names (a moved or copied
+data set; its files are compared by their paths relative to it): no
+directory that a checkpoint alone names is ever read or listed.
 
 Exit codes: 0 on success (also when ``--resume`` finds the run finished, which
 it reports); 2 for a user error (the usage line, then one line on stderr); 1
@@ -35,6 +44,8 @@ for an I/O error during the run; 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import os
 import resource
@@ -54,7 +65,7 @@ from .data import digits_saccades, moving_bars, stream_directory, synthetic_shd
 from ._npy_files import available_memory
 from .models import recurrent_conv_snn
 from .training import NONFINITE, Trainer, checkpoint, run_dir
-from .training.trainer import data_fingerprint
+from .training.fingerprint import data_change
 from .training.loss import DEFAULT_TARGET_RATES, LOSSES
 
 __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS',
@@ -82,6 +93,8 @@ DEFAULT_CACHE_SIZE = 256
 #: smaller than 4 x 4 give identical recordings for different directions; digits need
 #: room for a digit of 8 pixels.
 MIN_SIZE = {'moving-bars': 4, 'digits': 8}
+#: Largest ``metrics.json`` that ``evaluate`` reads to confirm a run's data directory.
+MAX_METRICS_BYTES = 64 * 2**20
 #: Largest --seed (the generators take 64-bit seeds).
 MAX_SEED = 2**63 - 1
 ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
@@ -258,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument('--batch-size', type=int, default=64)
     evaluate.add_argument('--devices', type=int, metavar='N',
                           help='data-parallel devices (default: all of jax.devices())')
+    evaluate.add_argument('--data', type=_path, metavar='DIR',
+                          help='runs of --task events: the directory to rebuild the test set '
+                               'from, e.g. a moved or copied data set (default: the one the '
+                               'run recorded, if its checkpoint and its metrics.json agree; '
+                               'no other directory is read)')
     evaluate.add_argument('--allow-data-change', action='store_true',
                           help='evaluate even if the test data differ from those the run was '
                                'evaluated on (by default an error)')
@@ -557,22 +575,23 @@ def _out_error(args, error: Exception, usage: str) -> UsageError:
 
 
 def _remove_new_run(args) -> bool:
-    """After a new run failed before its first checkpoint: remove what it wrote (the
-    directory held no run before, or was to be replaced). Returns whether it did."""
+    """After a new run failed before its first checkpoint: remove the run files it wrote
+    (the directory held no run before, or was to be replaced), under the directory's lock.
+    Returns whether it did. A directory the run created is removed by :func:`_train` once
+    the lock is released, if it is empty then."""
     if args.resume or (args.out / run_dir.LAST_CHECKPOINT).exists():
         return False
     try:
         run_dir.create(args.out, overwrite=True)
-        if not args.out_existed and not any(args.out.iterdir()):
-            args.out.rmdir()
     except OSError:
         return False
+    args.emptied = True
     return True
 
 
 def _train(args, usage: str, start: float) -> int:
     args = _resolve(args, usage)
-    args.out_existed = os.path.lexists(args.out)
+    args.out_existed, args.emptied = os.path.lexists(args.out), False
     try:
         run_dir.check(args.out, resume=args.resume, overwrite=args.overwrite)
     except (OSError, ValueError, run_dir.RunLockedError) as error:
@@ -581,10 +600,25 @@ def _train(args, usage: str, start: float) -> int:
         return 0
     trainer, train, test = _setup(args, usage)
     try:
-        run_dir.create(args.out, overwrite=False)
-    except OSError as error:
-        raise UsageError(f'--out {args.out} cannot be written: {error.strerror or error}',
-                         usage) from None
+        # every write to the run directory, the last metrics.json included, holds its lock
+        with contextlib.ExitStack() as lock:
+            try:
+                lock.enter_context(run_dir.locked(args.out))
+                run_dir.create(args.out, overwrite=False)
+            except OSError as error:
+                raise UsageError(f'--out {args.out} cannot be written: '
+                                 f'{error.strerror or error}', usage) from None
+            except run_dir.RunLockedError as error:
+                raise _out_error(args, error, usage) from None
+            return _fit(args, usage, start, trainer, train, test)
+    finally:
+        if args.emptied and not args.out_existed:
+            with contextlib.suppress(OSError):
+                args.out.rmdir()    # only if empty
+
+
+def _fit(args, usage: str, start: float, trainer: Trainer, train, test) -> int:
+    """Train (holding the run directory's lock), write the final metrics and report."""
     learner = trainer.learner
     if not args.quiet:
         print(f'{args.task}: {len(train)} train / {len(test)} test samples, '
@@ -641,7 +675,8 @@ def _evaluate(args, usage: str) -> int:
     if missing:
         raise UsageError(f'--run: {path} was not written by "{PROG} train" (its run options '
                          f'lack {", ".join(missing)})', usage)
-    run = _stored_run(stored, path, usage)
+    run = _stored_run(dict(stored, data=_evaluation_data(args, stored, path, usage)), path,
+                      usage)
     run.devices = _devices(args.devices, usage)
     try:
         trainer, _, test = _setup(run, usage, train=False)
@@ -659,6 +694,49 @@ def _evaluate(args, usage: str) -> int:
           f'samples: test accuracy {result["accuracy"]:.1%}, test loss {result["loss"]:.4f}, '
           f'spike rates [{rates}]')
     return 0
+
+
+def _recorded_run_option(metrics: Path, key: str):
+    """The run option ``key`` in the run options of the file ``metrics`` (``metrics.json``),
+    or ``None`` if it has none: missing, a link (a run never writes through one), not a
+    regular file, larger than :data:`MAX_METRICS_BYTES`, or not JSON."""
+    if metrics.is_symlink() or not metrics.is_file():
+        return None
+    try:
+        with open(metrics, 'rb') as f:
+            text = f.read(MAX_METRICS_BYTES + 1)
+        recorded = json.loads(text) if len(text) <= MAX_METRICS_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    options = recorded.get('run_config') if isinstance(recorded, dict) else None
+    return options.get(key) if isinstance(options, dict) else None
+
+
+def _evaluation_data(args, stored: dict, path: Path, usage: str):
+    """The data directory to rebuild the test set of the run stored in the checkpoint
+    ``path`` from: ``--data``, or (a run of --task events) the one the run recorded both in
+    that checkpoint and in the ``metrics.json`` beside it. No directory a crafted
+    checkpoint names alone is ever read or listed."""
+    if stored.get('task') != 'events':
+        if args.data is not None:
+            raise UsageError(f'--data applies only to runs of --task events; the run in {path} '
+                             f'is of --task {stored.get("task")}', usage)
+        return stored.get('data')
+    if args.data is not None:
+        if not args.data.is_dir():
+            raise UsageError(f'--data {args.data} is not a directory', usage)
+        return str(args.data)
+    named, metrics = stored.get('data'), path.parent / run_dir.METRICS_NAME
+    recorded = _recorded_run_option(metrics, 'data')
+    if named is None or recorded != named:
+        raise UsageError(f'--run: the data directory named in {path} ({named}) is not the one '
+                         f'recorded in {metrics} ({"none" if recorded is None else recorded}); '
+                         f'evaluate reads only the data directory its run recorded in both, or '
+                         f'the one --data DIR names', usage)
+    if not Path(named).is_dir():
+        raise UsageError(f'--run: the data directory of the run in {path}, {named}, is not a '
+                         f'directory here; pass --data DIR to name where its data are', usage)
+    return named
 
 
 def _stored_run(stored: dict, path, usage: str) -> argparse.Namespace:
@@ -691,12 +769,13 @@ def _check_test_data(test, meta: dict, path, allow: bool, usage: str) -> None:
     stored = meta.get('fit', {}).get('eval_data')
     if not isinstance(stored, dict):
         return
-    now = data_fingerprint(test)
-    if stored == now:
+    change, note = data_change(stored, test)
+    if note is not None:
+        warnings.warn(f'{path}, test set: {note}', RuntimeWarning)
+    if change is None:
         return
-    message = (f'the test set rebuilt for the run in {path} ({now["samples"]} samples) differs '
-               f'from the one it was evaluated on ({stored.get("samples")} samples): its data '
-               f'changed since')
+    message = (f'the test set rebuilt for the run in {path} differs from the one it was '
+               f'evaluated on: {change}')
     if not allow:
         raise UsageError(f'--run: {message}; pass --allow-data-change to evaluate anyway', usage)
     warnings.warn(f'{message}; evaluating anyway (--allow-data-change)', RuntimeWarning)

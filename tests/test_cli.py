@@ -3,6 +3,7 @@
 User errors (one line, exit code 2, nothing written) are in test_cli_bad_inputs.py.
 """
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 
 from braintrace_conv.cli import main
 from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, SCALARS_NAME,
-                                      checkpoint)
+                                      Trainer, checkpoint, logs)
 
 TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
         '--batch-size', '12', '--quiet']
@@ -81,16 +82,54 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(run, capsys):
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
-def test_overwrite_replaces_the_run(run, tmp_path):
+def locked_for_others(directory) -> bool:
+    """Whether another process would find the run directory locked: its advisory lock
+    tried through a new open file description, as another process tries it."""
+    import fcntl
+
+    try:
+        fd = os.open(directory / '.lock', os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_overwrite_replaces_the_run_holding_its_lock_to_the_last_write(run, tmp_path,
+                                                                        monkeypatch):
     out = tmp_path / 'run'
     out.mkdir()
     for p in run.iterdir():
         if p.is_file():
             (out / p.name).write_bytes(p.read_bytes())
     (out / 'notes.txt').write_text('mine')
+    seen, write_metrics, fit = [], logs.write_metrics, Trainer.fit
+
+    def watched_write(directory, metrics):
+        seen.append(('final metrics' if 'wall_time_s' in metrics else 'metrics',
+                     locked_for_others(directory)))
+        write_metrics(directory, metrics)
+
+    def watched_fit(self, *args, out_dir, **kwargs):
+        history = fit(self, *args, out_dir=out_dir, **kwargs)
+        seen.append(('fit returned', locked_for_others(out_dir)))
+        return history
+
+    monkeypatch.setattr(logs, 'write_metrics', watched_write)
+    monkeypatch.setattr(Trainer, 'fit', watched_fit)
     assert main(['train', *TINY, '--seed', '1', '--out', str(out), '--overwrite']) == 0
     assert checkpoint.read(out / LAST_CHECKPOINT)[1]['run']['seed'] == 1
     assert (out / 'notes.txt').read_text() == 'mine'
+    # no other process can take the directory between the epoch and the command's last write
+    assert seen == [('metrics', True), ('fit returned', True), ('final metrics', True)]
+    assert sorted(os.listdir(out)) == sorted([*os.listdir(run), 'notes.txt'])
 
 
 @pytest.mark.parametrize('epochs_done, hint', [

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from braintrace_conv.cli import main
-from braintrace_conv.training import LAST_CHECKPOINT
+from braintrace_conv.training import CURVE_NAME, LAST_CHECKPOINT
 
 TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
         '--batch-size', '12', '--quiet']
@@ -145,6 +145,9 @@ CASES = [
      "argument --checkpoint: invalid choice: 'worst'"),
     (['evaluate', '--run', '{run}', '--batch-size', '0'], '--batch-size must be positive, got 0'),
     (['evaluate', '--run', '{run}', '--devices', '3'], '--devices 3 exceeds the 1 available'),
+    (['evaluate', '--run', '{run}', '--data', '{empty}'],
+     r'--data applies only to runs of --task events; the run in .*checkpoint-best.npz is of '
+     r'--task moving-bars'),
 ]
 
 
@@ -185,3 +188,25 @@ def test_a_library_run_is_not_evaluated_as_a_command_line_run(root, tmp_path, ca
     assert 'was not written by "braintrace-conv train" (its run options lack task' in \
         capsys.readouterr().err
     assert files_of(tmp_path) == before
+
+
+def test_an_overwrite_that_cannot_move_a_run_file_changes_nothing(root, tmp_path, capsys,
+                                                                   monkeypatch):
+    out = tmp_path / 'run'
+    shutil.copytree(root / 'run', out)
+    before, names = files_of(out), sorted(os.listdir(out))
+    rename = os.rename
+
+    def refused(src, dst):     # e.g. a directory without write permission cannot be moved
+        if os.path.basename(src) == CURVE_NAME:
+            raise PermissionError(13, 'Permission denied')
+        return rename(src, dst)
+
+    monkeypatch.setattr(os, 'rename', refused)
+    capsys.readouterr()
+    assert main([*TRAIN, '--out', str(out), '--overwrite']) == 1
+    captured = capsys.readouterr()
+    assert captured.err == (f'braintrace-conv: error: [Errno 13] cannot replace the run in {out}: '
+                            f'{out / CURVE_NAME} cannot be moved (Permission denied); nothing was '
+                            f'removed\n')
+    assert files_of(out) == before and sorted(os.listdir(out)) == names

@@ -2,14 +2,18 @@
 over 700 channels) and directories of tonic-format event files, 1-D and 2-D, in memory or
 streamed; and their user errors (one line, exit code 2, nothing written)."""
 import json
+import os
 import re
 import shutil
 
 import numpy as np
 import pytest
 
+from braintrace_conv import cli
 from braintrace_conv.cli import main
-from braintrace_conv.training import LAST_CHECKPOINT, checkpoint
+from braintrace_conv.data import stream_directory
+from braintrace_conv.training import BEST_CHECKPOINT, LAST_CHECKPOINT, Trainer, checkpoint
+from braintrace_conv.training.fingerprint import data_fingerprint
 
 TINY = ['--epochs', '1', '--steps', '8', '--batch-size', '6', '--channels', '2,4', '--lr', '2e-2',
         '--quiet']
@@ -170,22 +174,165 @@ def test_a_bad_streamed_file_is_one_line_and_leaves_no_run(recordings, tmp_path,
     assert not out.exists()      # nothing to --overwrite before the rerun
 
 
-def test_evaluate_refuses_data_that_changed_since_the_run(recordings, tmp_path, capsys):
-    data = copied(recordings, tmp_path)
-    out = tmp_path / 'run'
-    assert main(['train', '--task', 'events', '--data', str(data), '--sensor-size', '32,1,1',
-                 *TINY, '--out', str(out)]) == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+STREAMED = ['train', '--task', 'events', '--sensor-size', '32,1,1', '--pool', '1', '--stream',
+            *TINY]
+
+
+@pytest.fixture(scope='module')
+def streamed_run(recordings, tmp_path_factory):
+    """``(data, run)``: a copy of the audio recordings and a streamed run trained on it."""
+    root = tmp_path_factory.mktemp('streamed')
+    data, run = root / 'data', root / 'run'
+    shutil.copytree(recordings / 'audio', data)
+    assert main([*STREAMED, '--data', str(data), '--out', str(run)]) == 0
+    return data, run
+
+
+@pytest.fixture
+def streamed(streamed_run, recordings):
+    """``streamed_run``, its recordings put back afterwards (content and modification times)."""
+    yield streamed_run
+    data = streamed_run[0]
+    shutil.rmtree(data)
+    shutil.copytree(recordings / 'audio', data)
+
+
+def tree(directory) -> dict:
+    return {p.relative_to(directory): p.read_bytes() if p.is_file() else 'dir'
+            for p in directory.rglob('*')}
+
+
+def split_files(data) -> tuple:
+    """The files of the training and test sets the command line splits ``data`` into."""
+    full = stream_directory(data, sensor_size=(32, 1, 1), n_time_bins=8)
+    return tuple(part.sources for part in full.split(0.25, seed=0))
+
+
+def test_evaluate_refuses_data_that_changed_since_the_run(streamed, capsys):
+    data, out = streamed
+    before = tree(out)
     (data / 'down').rename(data / 'tmp')         # the classes swapped: every label changes
     (data / 'up').rename(data / 'down')
     (data / 'tmp').rename(data / 'up')
     capsys.readouterr()
-    assert main(['evaluate', '--run', str(out)]) == 2
-    assert re.search(r'--run: the test set rebuilt for the run in .* \(6 samples\) differs from '
-                     r'the one it was evaluated on \(6 samples\): its data changed since; pass '
-                     r'--allow-data-change to evaluate anyway', one_error_line(capsys))
+    assert main(['evaluate', '--run', str(out)]) == 2       # same names: other files there
+    assert re.search(r'--run: the test set rebuilt for the run in .* differs from the one it '
+                     r'was evaluated on: 6 of its 6 files changed since \(size or modification '
+                     r'time\): .* and 3 more; pass --allow-data-change to evaluate anyway',
+                     one_error_line(capsys))
     assert main(['evaluate', '--run', str(out), '--allow-data-change']) == 0
     captured = capsys.readouterr()
     assert 'evaluating anyway (--allow-data-change)' in captured.err
     assert 'test accuracy' in captured.out
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    (data / 'up' / '000.npy').unlink()                      # a file removed: other samples
+    assert main(['evaluate', '--run', str(out)]) == 2
+    assert re.search(r'differs from the one it was evaluated on: other samples or labels \(6 '
+                     r'samples then, \d+ samples now\); pass --allow-data-change',
+                     one_error_line(capsys))
+    assert tree(out) == before
+
+
+def test_changed_file_contents_are_named_on_resume_and_evaluate(streamed, capsys):
+    data, out = streamed
+    train_files, test_files = split_files(data)
+    before = tree(out)
+    np.save(test_files[0], np.load(test_files[0])[:100])        # another content and size
+    st = os.stat(train_files[0])                                 # only the time
+    os.utime(train_files[0], ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(out)]) == 2
+    assert one_error_line(capsys).endswith(
+        f'differs from the one it was evaluated on: 1 of its 6 files changed since (size or '
+        f'modification time): {test_files[0]}; pass --allow-data-change to evaluate anyway')
+    assert main([*STREAMED, '--epochs', '2', '--data', str(data), '--out', str(out),
+                 '--resume']) == 2
+    assert re.search(rf'--resume: .*{LAST_CHECKPOINT} was written with a different configuration '
+                     rf'\(eval_data: 1 of its 6 files changed since \(size or modification '
+                     rf'time\): {test_files[0]}; train_data: 1 of its 18 files changed since '
+                     rf'\(size or modification time\): {train_files[0]}\)',
+                     one_error_line(capsys))
+    assert tree(out) == before
+    assert main(['evaluate', '--run', str(out), '--allow-data-change']) == 0
+    assert f'changed since (size or modification time): {test_files[0]}; evaluating anyway' in \
+        capsys.readouterr().err
+
+
+def older_fingerprints(data, run, out):
+    """A copy ``out`` of ``run`` whose checkpoints hold the fingerprints of an older version:
+    the streamed files' absolute paths only."""
+    shutil.copytree(run, out)
+    train, test = (stream_directory(data, sensor_size=(32, 1, 1), n_time_bins=8)
+                   .split(0.25, seed=0))
+    for name in (LAST_CHECKPOINT, BEST_CHECKPOINT):
+        arrays, meta = checkpoint.read(out / name)
+        assert meta['fit']['eval_data'] == data_fingerprint(test)
+        fit = dict(meta['fit'], train_data=data_fingerprint(train, 1),
+                   eval_data=data_fingerprint(test, 1))
+        assert 'version' not in fit['eval_data'] and 'files' not in fit['eval_data']
+        checkpoint.write(out / name, arrays, dict(meta, fit=fit))
+    return out
+
+
+def test_runs_with_path_only_fingerprints_still_resume_and_evaluate(streamed, tmp_path,
+                                                                    capsys, monkeypatch):
+    data, run = streamed
+    out = older_fingerprints(data, run, tmp_path / 'old')
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(out)]) == 0
+    captured = capsys.readouterr()
+    assert 'test accuracy 100.0%' in captured.out
+    assert captured.err == (f'braintrace-conv: warning: {out / BEST_CHECKPOINT}, test set: its '
+                            f'fingerprint was written by an older version and covers the file '
+                            f'paths only: changes to the files\' contents cannot be detected\n')
+
+    def stop(self, *args, **kwargs):    # resumed: stop before training
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, '_train_epoch', stop)
+    assert main([*STREAMED, '--epochs', '2', '--data', str(data), '--out', str(out),
+                 '--resume']) == 130
+    err = capsys.readouterr().err
+    for key in ('train_data', 'eval_data'):
+        assert (f'warning: {out / LAST_CHECKPOINT}, {key}: its fingerprint was written by an '
+                f'older version and covers the file paths only') in err
+    assert 'interrupted; epochs 1-1 are saved' in err
+
+
+def test_evaluate_reads_only_the_data_directory_its_run_recorded(streamed, recordings, tmp_path,
+                                                                 capsys, monkeypatch):
+    data, run = streamed
+    forged = tmp_path / 'forged'
+    shutil.copytree(run, forged)
+    elsewhere = str(recordings / 'dvs')       # a directory the run never named
+    for name in (LAST_CHECKPOINT, BEST_CHECKPOINT):
+        arrays, meta = checkpoint.read(forged / name)
+        checkpoint.write(forged / name, arrays, dict(meta, run=dict(meta['run'], data=elsewhere)))
+    listed = []
+
+    def listing(root, **kwargs):
+        listed.append(str(root))
+        return stream_directory(root, **kwargs)
+
+    monkeypatch.setattr(cli, 'stream_directory', listing)
+    before = tree(forged)
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(forged)]) == 2
+    assert one_error_line(capsys) == (
+        f'braintrace-conv: error: --run: the data directory named in {forged / BEST_CHECKPOINT} '
+        f'({elsewhere}) is not the one recorded in {forged / "metrics.json"} ({data}); evaluate '
+        f'reads only the data directory its run recorded in both, or the one --data DIR names')
+    lone = tmp_path / 'lone'            # a checkpoint without its run directory
+    lone.mkdir()
+    shutil.copy(run / BEST_CHECKPOINT, lone)
+    assert main(['evaluate', '--run', str(lone / BEST_CHECKPOINT)]) == 2
+    assert f'is not the one recorded in {lone / "metrics.json"} (none)' in one_error_line(capsys)
+    assert listed == [] and tree(forged) == before
+    # --data names the directory: the run's, or a copy elsewhere with the same files and times
+    copy = tmp_path / 'copy'
+    shutil.copytree(data, copy)
+    for path, directory in ((forged, data), (lone / BEST_CHECKPOINT, copy)):
+        assert main(['evaluate', '--run', str(path), '--data', str(directory)]) == 0
+        assert 'test accuracy 100.0%' in capsys.readouterr().out
+    assert listed == [str(data), str(copy)]
+    assert main(['evaluate', '--run', str(forged), '--data', str(tmp_path / 'absent')]) == 2
+    assert one_error_line(capsys).endswith(f'--data {tmp_path / "absent"} is not a directory')

@@ -6,6 +6,7 @@
   spike-count cross-entropy and MSE, membrane maximum or mean over time);
 * :mod:`.params`: parameters as mantissas in their own units, for optimisers;
 * :mod:`.checkpoint`: checkpoints as digest-checked ``.npz`` data;
+* :mod:`.fingerprint`: fingerprints of data sets, checked on resume and evaluation;
 * :mod:`.run_dir`: the files of a run directory, never overwritten silently;
 * :mod:`.logs`: ``metrics.json``, ``scalars.csv``, TensorBoard, learning curve.
 """

@@ -34,7 +34,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Mapping, Union
+from typing import Mapping, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -62,13 +62,16 @@ class CheckpointError(ValueError):
 class ConfigMismatchError(CheckpointError):
     """A checkpoint written with another configuration.
 
-    ``differences`` maps each differing option to ``(stored value, given value)``.
+    ``differences`` maps each differing option to ``(stored value, given value)``;
+    ``described`` maps some of them to what differs, shown instead of both values.
     """
 
-    def __init__(self, path, differences: dict):
+    def __init__(self, path, differences: dict, described: Optional[dict] = None):
         self.differences = differences
-        listed = '; '.join(f'{k}: {old!r} in the checkpoint, {new!r} now'
-                           for k, (old, new) in differences.items())
+        described = described or {}
+        listed = '; '.join(f'{k}: {described[k]}' if k in described else
+                           f'{k}: {differences[k][0]!r} in the checkpoint, '
+                           f'{differences[k][1]!r} now' for k in sorted(differences))
         super().__init__(f'{path} was written with a different configuration ({listed}).')
 
 

@@ -7,19 +7,32 @@ otherwise refused. The run files of a directory are never written through a
 symbolic link: one among them is an error on ``resume``.
 
 A process writing a run holds the directory's lock (:func:`locked`, the file
-:data:`LOCK_NAME` holding its pid): another process is refused
+:data:`LOCK_NAME` holding its pid and host): another process is refused
 (:class:`RunLockedError`, naming the holder's pid) until it ends; the lock
-of a process that died is released by the operating system and taken over.
-Temporary files left by a killed write are removed when a run is resumed or
-replaced.
+of a process that died is taken over. Where ``fcntl`` exists the lock is an
+advisory lock on that file, which the operating system releases when its
+holder dies; elsewhere (Windows) it is the file itself, created exclusively
+and removed on release, and one whose pid is no longer running on this host
+is stale (one of another host is never taken over: its pid cannot be checked).
+
+A run is replaced all or nothing: its files are first renamed into a fresh
+hidden directory beside them (:data:`TRASH_PREFIX`; a rename fails up front,
+e.g. on permissions, and those already moved are moved back), then deleted.
+Temporary files left by a killed write, and such directories left by a
+killed replacement, are removed when a run is resumed or replaced.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import secrets
 import shutil
+import socket
 import tempfile
+import time
+import warnings
 from pathlib import Path
 from typing import Optional, Union
 
@@ -27,11 +40,12 @@ from .._validation import one_of
 
 try:
     import fcntl
-except ImportError:     # no advisory locks on this platform: runs are not locked
+except ImportError:     # no advisory locks on this platform: an exclusively created file
     fcntl = None
 
 __all__ = ['LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'METRICS_NAME', 'SCALARS_NAME', 'CURVE_NAME',
-           'TENSORBOARD_DIR', 'RUN_FILES', 'CHECKPOINTS', 'LOCK_NAME', 'RunLockedError',
+           'TENSORBOARD_DIR', 'RUN_FILES', 'CHECKPOINTS', 'LOCK_NAME', 'TRASH_PREFIX',
+           'RunLockedError',
            'run_files', 'check', 'create', 'locked', 'lock_holder', 'lagging',
            'checkpoint_file']
 
@@ -54,16 +68,26 @@ RUN_FILES = (LAST_CHECKPOINT, BEST_CHECKPOINT, METRICS_NAME, SCALARS_NAME, CURVE
              TENSORBOARD_DIR, 'checkpoint.pkl')
 #: The lock file of a run directory while a process writes the run.
 LOCK_NAME = '.lock'
-# Locks this process holds: directory -> [file descriptor, depth].
+#: Prefix of the hidden directory the files of a run being replaced are moved into.
+TRASH_PREFIX = '.replaced-run.'
+# Locks this process holds: directory -> [what releases it, depth].
 _held: dict = {}
+_NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
+_HOST = socket.gethostname()
+# A lock file without a readable pid is being written, or was left by a process killed
+# between creating and writing it: stale after this many seconds.
+_UNREADABLE_LOCK_S = 60.0
 
 
 class RunLockedError(RuntimeError):
-    """The run directory is locked by another process writing a run in it (``pid``)."""
+    """The run directory is locked by another process writing a run in it (``pid``, on
+    ``host`` if another)."""
 
-    def __init__(self, directory, pid: Optional[int]):
+    def __init__(self, directory, pid: Optional[int], host: Optional[str] = None):
         self.directory, self.pid = directory, pid
-        holder = 'another process' if pid is None else f'another process (pid {pid})'
+        who = ' '.join(([] if pid is None else [f'pid {pid}'])
+                       + ([] if host in (None, _HOST) else [f'on {host}']))
+        holder = f'another process ({who})' if who else 'another process'
         super().__init__(f'{directory} is in use: {holder} is writing a run in it; wait for '
                          f'it to end or stop it.')
 
@@ -74,33 +98,178 @@ def run_files(directory: Union[str, os.PathLike]) -> list:
     return [name for name in RUN_FILES if os.path.lexists(directory / name)]
 
 
-def _pid(fd: int) -> Optional[int]:
+def _holder(text: Optional[str]) -> tuple:
+    """``(pid, host)`` of a lock file's content ``pid host token``; ``None`` where unreadable
+    (or not a pid)."""
+    fields = (text or '').split()
     try:
-        return int(os.pread(fd, 32, 0).decode('ascii').strip())
-    except (OSError, ValueError, UnicodeDecodeError):
+        pid = int(fields[0])
+    except (IndexError, ValueError):
+        return None, None
+    return (pid, fields[1] if len(fields) > 1 else None) if pid > 0 else (None, None)
+
+
+def _read(fd: int) -> Optional[str]:
+    try:
+        return os.pread(fd, 256, 0).decode('ascii')
+    except (OSError, UnicodeDecodeError):
         return None
 
 
-def lock_holder(directory: Union[str, os.PathLike]) -> Optional[int]:
-    """The pid (``-1`` if unknown) of another process holding ``directory``'s lock, else
-    ``None``; changes nothing."""
-    directory = Path(directory)
-    if fcntl is None or str(directory.resolve()) in _held:
-        return None
+def _read_lock(path: Path) -> Optional[str]:
+    """The content of the lock file ``path`` (``''`` if it cannot be read), ``None`` if absent."""
     try:
-        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0))
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ''
+    try:
+        return os.read(fd, 256).decode('ascii', 'replace')
+    except OSError:
+        return ''
+    finally:
+        os.close(fd)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (``True`` when it cannot be told)."""
+    if pid == os.getpid():      # not this process: it holds no lock it does not know of
+        return False
+    if os.name == 'nt':         # os.kill(pid, 0) would end the process there
+        import ctypes
+        kernel32 = ctypes.WinDLL('kernel32', use_last_error=True)
+        kernel32.OpenProcess.restype = ctypes.c_void_p
+        handle = kernel32.OpenProcess(0x1000, False, pid)   # QUERY_LIMITED_INFORMATION
+        if not handle:
+            return ctypes.get_last_error() == 5     # access denied: it exists
+        try:
+            code = ctypes.c_ulong()
+            ok = kernel32.GetExitCodeProcess(ctypes.c_void_p(handle), ctypes.byref(code))
+            return not ok or code.value == 259      # STILL_ACTIVE
+        finally:
+            kernel32.CloseHandle(ctypes.c_void_p(handle))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:     # e.g. another user's process
+        return True
+    return True
+
+
+def _stale(path: Path, text: str) -> bool:
+    """Whether the lock file ``path`` holding ``text`` is left by a process that ended."""
+    pid, host = _holder(text)
+    if pid is None:
+        try:
+            return time.time() - os.stat(path, follow_symlinks=False).st_mtime > \
+                _UNREADABLE_LOCK_S
+        except FileNotFoundError:
+            return False
+    return host in (None, _HOST) and not _running(pid)
+
+
+def _other_holder(directory: Path) -> Optional[tuple]:
+    """``(pid, host)`` (each ``None`` if unknown) of another process holding ``directory``'s
+    lock, else ``None``; changes nothing."""
+    if str(directory.resolve()) in _held:
+        return None
+    path = directory / LOCK_NAME
+    if fcntl is None:
+        text = _read_lock(path)
+        return None if text is None or _stale(path, text) else _holder(text)
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
-        pid = _pid(fd)
-        return -1 if pid is None else pid
+        return _holder(_read(fd))
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
+
+
+def lock_holder(directory: Union[str, os.PathLike]) -> Optional[int]:
+    """The pid (``-1`` if unknown) of another process holding ``directory``'s lock, else
+    ``None``; changes nothing."""
+    holder = _other_holder(Path(directory))
+    return None if holder is None else -1 if holder[0] is None else holder[0]
+
+
+def _lock_text() -> str:
+    return f'{os.getpid()} {_HOST} {secrets.token_hex(8)}\n'
+
+
+def _flock(directory: Path, path: Path) -> int:
+    """Take the advisory lock on the lock file ``path``; returns its descriptor."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid, host = _holder(_read(fd))
+            os.close(fd)
+            raise RunLockedError(directory, pid, host) from None
+        try:    # the previous holder may have removed the file before we locked it
+            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, _lock_text().encode())
+    return fd
+
+
+def _unflock(path: Path, fd: int) -> None:
+    path.unlink(missing_ok=True)
+    os.close(fd)
+
+
+def _create_lock(directory: Path, path: Path) -> str:
+    """Create the lock file ``path`` exclusively, taking over a stale one; returns its
+    content (what identifies this holder)."""
+    text = _lock_text()
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+        except FileExistsError:
+            found = _read_lock(path)
+            if found is not None and not _stale(path, found):
+                raise RunLockedError(directory, *_holder(found)) from None
+            if found is not None:
+                _remove_stale(path, found)
+            continue
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        return text
+
+
+def _remove_stale(path: Path, found: str) -> None:
+    """Remove the stale lock file ``path`` if it still holds ``found``: it is renamed aside
+    first, so that of two processes taking it over only one removes it, and a lock another
+    process created meanwhile is put back."""
+    aside = path.with_name(f'{path.name}.{secrets.token_hex(8)}')
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    if _read_lock(aside) == found:
+        os.unlink(aside)
+    else:
+        os.rename(aside, path)
+
+
+def _remove_lock(path: Path, text: str) -> None:
+    if _read_lock(path) == text:
+        path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -110,41 +279,20 @@ def locked(directory: Union[str, os.PathLike]):
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     key = str(directory.resolve())
-    if fcntl is None or key in _held:
-        if key in _held:
-            _held[key][1] += 1
-        try:
-            yield directory
-        finally:
-            if key in _held:
-                _held[key][1] -= 1
-        return
-    path = directory / LOCK_NAME
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0), 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            pid = _pid(fd)
-            os.close(fd)
-            raise RunLockedError(directory, pid) from None
-        try:    # the previous holder may have removed the file before we locked it
-            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f'{os.getpid()}\n'.encode())
-    _held[key] = [fd, 1]
+    if key not in _held:
+        path = directory / LOCK_NAME
+        if fcntl is not None:
+            release = functools.partial(_unflock, path, _flock(directory, path))
+        else:
+            release = functools.partial(_remove_lock, path, _create_lock(directory, path))
+        _held[key] = [release, 0]
+    _held[key][1] += 1
     try:
         yield directory
     finally:
         _held[key][1] -= 1
         if not _held[key][1]:
-            del _held[key]
-            path.unlink(missing_ok=True)
-            os.close(fd)
+            _held.pop(key)[0]()
 
 
 def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) -> Path:
@@ -173,9 +321,9 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
                          f'does not exist.')
     if directory.exists() and not directory.is_dir():
         raise ValueError(f'{directory} exists and is not a directory.')
-    pid = lock_holder(directory)
-    if pid is not None:
-        raise RunLockedError(directory, None if pid < 0 else pid)
+    holder = _other_holder(directory)
+    if holder is not None:
+        raise RunLockedError(directory, *holder)
     if resume:
         if not (directory / LAST_CHECKPOINT).is_file():
             raise FileNotFoundError(f'nothing to resume: {directory} has no {LAST_CHECKPOINT}.')
@@ -195,27 +343,66 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
 
 def create(directory: Union[str, os.PathLike], *, overwrite: bool) -> Path:
     """Create ``directory`` and check that it is writable (``OSError`` otherwise); with
-    ``overwrite``, first remove the run files in it (a link as a link, never what it points
-    to). Temporary files left by interrupted writes are removed."""
+    ``overwrite``, first remove the run files in it, all or nothing (:func:`_replace`).
+    What interrupted writes and replacements left is removed."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=directory):
         pass
     for stale in _stale_temporaries(directory):
-        stale.unlink(missing_ok=True)
+        _remove(stale)
     if overwrite:
-        for name in run_files(directory):
-            target = directory / name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            else:
-                target.unlink()
+        _replace(directory)
     return directory
 
 
+def _remove(path: Path) -> None:
+    """Remove a file, a link (never what it points to) or a directory tree."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _replace(directory: Path) -> None:
+    """Remove the run files of ``directory``, all or nothing: rename them into a fresh
+    hidden directory there (links as links), then delete that. If a rename fails, those
+    already renamed are moved back and ``OSError`` names the file; the run is unchanged."""
+    names = run_files(directory)
+    if not names:
+        return
+    trash = Path(tempfile.mkdtemp(prefix=TRASH_PREFIX, dir=directory))
+    moved = []
+    try:
+        for name in names:
+            os.rename(directory / name, trash / name)
+            moved.append(name)
+    except OSError as err:
+        failed, stuck = directory / name, []
+        for name in reversed(moved):
+            try:
+                os.rename(trash / name, directory / name)
+            except OSError:
+                stuck.append(name)
+        if not stuck:
+            trash.rmdir()
+        outcome = (f'{", ".join(stuck)} could not be moved back from {trash}' if stuck
+                   else 'nothing was removed')
+        raise type(err)(err.errno, f'cannot replace the run in {directory}: {failed} cannot '
+                                   f'be moved ({err.strerror}); {outcome}') from None
+    try:
+        shutil.rmtree(trash)
+    except OSError as err:      # the run is replaced; only its old files remain, hidden
+        warnings.warn(f'the files of the run replaced in {directory} could not all be '
+                      f'deleted ({err}); they are in {trash}, removed on the next '
+                      f'resume or overwrite', RuntimeWarning, stacklevel=3)
+
+
 def _stale_temporaries(directory: Path) -> list:
-    """Temporary files left by killed writes of run files: ``.<name>.<random>.tmp``."""
-    return [p for name in RUN_FILES for p in directory.glob(f'.{name}.*.tmp')]
+    """What killed writes and replacements left: temporary files of run files
+    (``.<name>.<random>.tmp``) and directories of replaced runs (:data:`TRASH_PREFIX`)."""
+    return ([p for name in RUN_FILES for p in directory.glob(f'.{name}.*.tmp')]
+            + sorted(directory.glob(f'{TRASH_PREFIX}*')))
 
 
 def lagging(directory: Union[str, os.PathLike], epoch: int, best: Optional[dict]) -> list:

@@ -54,7 +54,6 @@ warns, ``'raise'`` stops).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -77,6 +76,7 @@ from ..executors import Learner
 from ..units import split_unit
 from . import checkpoint, logs, placement, run_dir
 from ._files import atomic_write
+from .fingerprint import data_change, data_fingerprint
 from .loss import (DEFAULT_TARGET_RATES, LOSSES, SEQUENCE_LOSSES, check_rate_targets,
                    check_target_rates, linearised_step_loss, predicted_labels, rate_penalty,
                    sequence_loss, step_weights, weighted_cross_entropy)
@@ -132,26 +132,6 @@ def _split_output(out) -> tuple:
 def _step_loss(out, target):
     """The executors' per-step loss: :func:`weighted_cross_entropy` of the scores."""
     return weighted_cross_entropy(_split_output(out)[0], target)
-
-
-def data_fingerprint(dataset) -> Optional[dict]:
-    """Size and SHA-256 of what a resumed run must reuse: the events and labels of a
-    dataset in memory; the sources (e.g. file paths) and labels of a streamed one, whose
-    files are not read for it."""
-    if dataset is None:
-        return None
-    if isinstance(dataset, EventDataset):
-        digest = hashlib.sha256(np.ascontiguousarray(dataset.events).tobytes())
-    elif hasattr(dataset, 'sources'):
-        digest = hashlib.sha256('\n'.join(map(str, dataset.sources)).encode())
-    else:   # another FrameDataset: its frames, read once
-        digest = hashlib.sha256()
-        for xs, _ in dataset.batches(64, shuffle=False):
-            digest.update(np.ascontiguousarray(xs).tobytes())
-    digest.update(np.ascontiguousarray(dataset.labels).tobytes())
-    return dict(samples=len(dataset.labels),
-                shape=[len(dataset.labels), dataset.num_steps, *dataset.frame_shape],
-                sha256=digest.hexdigest())
 
 
 class Trainer:
@@ -616,7 +596,12 @@ class Trainer:
             uninterrupted one. The checkpoint's trainer settings, datasets,
             ``batch_size``, ``seed`` and ``run_config`` must equal the given
             ones (:class:`~braintrace_conv.training.checkpoint.ConfigMismatchError`
-            names those that differ); nothing is changed otherwise. A larger
+            names those that differ); nothing is changed otherwise. Datasets
+            are compared by their fingerprints
+            (:mod:`~braintrace_conv.training.fingerprint`), which name a file
+            of a streamed dataset whose size or modification time changed; a
+            fingerprint of an older version, of the file paths only, is
+            compared as such, with a warning. A larger
             ``epochs`` continues a finished run (an entry ``'epochs'`` of
             ``run_config`` equal to ``epochs`` may exceed the stored one).
             The best checkpoint, ``metrics.json`` and the learning curve of a
@@ -624,7 +609,9 @@ class Trainer:
             of devices may differ (a warning says so): the run then equals an
             uninterrupted one up to the rounding of the gradient's batch sum.
         overwrite : bool, default False
-            Replace the run in ``out_dir`` (its run files are removed).
+            Replace the run in ``out_dir``: its run files are removed, all or
+            nothing (a file that cannot be moved aside is an ``OSError``
+            naming it, and the run is left as it was).
         run_config : dict, optional
             JSON-able description of the run (e.g. the command-line options),
             stored in checkpoints and ``metrics.json``.
@@ -682,7 +669,8 @@ class Trainer:
             try:
                 log = self._open_run(out_dir, resume, overwrite, epochs,
                                      dict(run=run_config, trainer=self.config(), fit=fit_config),
-                                     tensorboard)
+                                     tensorboard, dict(train_data=train_dataset,
+                                                       eval_data=eval_dataset))
             except BaseException:
                 lock.close()
                 raise
@@ -717,15 +705,17 @@ class Trainer:
         return self.history
 
     def _open_run(self, out_dir: Path, resume: bool, overwrite: bool, epochs: int,
-                  expected: dict, tensorboard: Optional[bool]):
+                  expected: dict, tensorboard: Optional[bool], datasets: dict):
         """Prepare the locked run directory: create it (``overwrite``: replace the run in it)
-        or restore its last checkpoint (``resume``) and repair what a run killed after it left
+        or restore its last checkpoint (``resume``, checking ``datasets``, keyed like their
+        fingerprints in ``expected['fit']``) and repair what a run killed after it left
         behind; returns the scalar log (``None`` on other processes than the first)."""
         if self._writer:   # again under the lock: another process may have written meanwhile
             run_dir.check(out_dir, resume=resume, overwrite=overwrite)
             run_dir.create(out_dir, overwrite=overwrite)
         if resume:
-            self._restore(out_dir / run_dir.LAST_CHECKPOINT, expected, epochs=epochs)
+            self._restore(out_dir / run_dir.LAST_CHECKPOINT, expected, epochs=epochs,
+                          datasets=datasets)
             if self._writer:
                 self._repair_run(out_dir)
         self._fit_config = expected['fit']
@@ -834,15 +824,20 @@ class Trainer:
             expected['run'] = run_config
         self._restore(Path(path), expected)
 
-    def _restore(self, path: Path, expected: dict, epochs: Optional[int] = None) -> None:
+    def _restore(self, path: Path, expected: dict, epochs: Optional[int] = None,
+                 datasets: Optional[dict] = None) -> None:
         arrays, meta = checkpoint.read(path)
         stored_epochs = meta.get('run', {}).get('epochs')
         if (epochs is not None and expected.get('run', {}).get('epochs') == epochs
                 and isinstance(stored_epochs, int) and stored_epochs <= epochs):
             # a run's length is fit's ``epochs``: a longer one continues a finished run
             expected = dict(expected, run=dict(expected['run'], epochs=stored_epochs))
+        notes = []
         for key, given in expected.items():
-            checkpoint.check_config(meta, key, given, path)
+            if key == 'fit' and datasets:
+                notes = _check_fit(meta, given, datasets, path)
+            else:
+                checkpoint.check_config(meta, key, given, path)
         params = checkpoint.params_from(arrays, meta, self._view, path, cast=False)
         opt_state = checkpoint.tree_from('opt', arrays,
                                          checkpoint.field(meta, 'opt_paths', list, path),
@@ -863,6 +858,8 @@ class Trainer:
         self._fit_config = meta.get('fit', {})
         self._rng = rng
         brainstate.random.set_key(key)
+        for note in notes:
+            warnings.warn(note, RuntimeWarning, stacklevel=3)
         trained_on = meta.get('devices', len(self.devices))
         if trained_on != len(self.devices):
             warnings.warn(f'{path} was trained on {trained_on} device(s), this Trainer has '
@@ -914,15 +911,38 @@ class Trainer:
 
     def write_logs(self, out_dir: Union[str, os.PathLike], **extra) -> dict:
         """Write ``metrics.json`` (:meth:`metrics` plus ``extra``) and
-        ``learning_curve.png`` into ``out_dir``; returns the metrics dict."""
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        ``learning_curve.png`` into ``out_dir``, holding its lock
+        (:func:`~braintrace_conv.training.run_dir.locked`: ``RunLockedError`` while another
+        process writes a run there); returns the metrics dict."""
         metrics = dict(self.metrics(), **extra)
-        logs.write_metrics(out_dir, metrics)
-        if self.history:
-            logs.write_curve(out_dir, self.history, logs.run_title({**self.run_config,
-                                                                     **self.config()}))
+        with run_dir.locked(out_dir) as out_dir:
+            logs.write_metrics(out_dir, metrics)
+            if self.history:
+                logs.write_curve(out_dir, self.history, logs.run_title({**self.run_config,
+                                                                         **self.config()}))
         return metrics
+
+
+def _check_fit(meta: dict, given: dict, datasets: dict, path) -> list:
+    """Check a checkpoint's ``fit`` settings against ``given``, and its data fingerprints
+    (``datasets``' keys) against the data sets at the version it stored
+    (:func:`~braintrace_conv.training.fingerprint.data_change`); raises
+    ``ConfigMismatchError``, else returns the warnings to give."""
+    stored = checkpoint.field(meta, 'fit', dict, path)
+    differences = checkpoint.config_differences(
+        {k: v for k, v in stored.items() if k not in datasets},
+        {k: v for k, v in given.items() if k not in datasets})
+    described, notes = {}, []
+    for key, dataset in datasets.items():
+        change, note = data_change(stored.get(key), dataset)
+        if change is not None:
+            differences[key] = (stored.get(key), given.get(key))
+            described[key] = change
+        if note is not None:
+            notes.append(f'{path}, {key}: {note}.')
+    if differences:
+        raise checkpoint.ConfigMismatchError(path, differences, described)
+    return notes
 
 
 def _generators(state, key_data, path) -> tuple:
