@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ._arrays import read_only
+
 __all__ = ["EventDataset", "FrameDataset"]
 
 
@@ -88,12 +90,6 @@ def _check_size(size, name: str = "size") -> tuple[int, int]:
     )
 
 
-def _read_only(array: np.ndarray) -> np.ndarray:
-    view = array.view()
-    view.flags.writeable = False
-    return view
-
-
 def _check_labels(labels, num_classes) -> tuple[np.ndarray, int]:
     """Validate ``(N,)`` integer labels in ``[0, num_classes)``; return int32 labels."""
     labels = np.asarray(labels)
@@ -107,7 +103,7 @@ def _check_labels(labels, num_classes) -> tuple[np.ndarray, int]:
             f"labels must lie in [0, {num_classes}), got values in "
             f"[{labels.min()}, {labels.max()}]"
         )
-    return _read_only(labels.astype(np.int32, copy=False)), num_classes
+    return read_only(labels.astype(np.int32, copy=False)), num_classes
 
 
 def _check_names(name, class_names, num_classes: int) -> tuple[str, tuple[str, ...] | None]:
@@ -334,7 +330,7 @@ class EventDataset(FrameDataset):
                 f"samples and {len(labels)} labels"
             )
         name, class_names = _check_names(self.name, self.class_names, num_classes)
-        object.__setattr__(self, "events", _read_only(events.astype(np.float32, copy=False)))
+        object.__setattr__(self, "events", read_only(events.astype(np.float32, copy=False)))
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "num_classes", num_classes)
         object.__setattr__(self, "class_names", class_names)

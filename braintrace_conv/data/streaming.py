@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ._arrays import read_only
 from .dataset import (
     EventDataset,
     FrameDataset,
     _check_indices,
     _check_labels,
     _check_names,
-    _read_only,
 )
 
 __all__ = ["StreamingEventDataset"]
@@ -84,7 +84,7 @@ class _Source:
                 f"sample gave {self.sample_shape}; fix the number of time steps (e.g. "
                 "n_time_bins) so that every sample has the same shape"
             )
-        return _read_only(frames)
+        return read_only(frames)
 
 
 class StreamingEventDataset(FrameDataset):
@@ -197,7 +197,7 @@ class StreamingEventDataset(FrameDataset):
         """
         indices = _check_indices(indices)
         derived = object.__new__(StreamingEventDataset)
-        derived._init(self._root, self._positions[indices], _read_only(self.labels[indices]),
+        derived._init(self._root, self._positions[indices], read_only(self.labels[indices]),
                       self.num_classes, self.name, self.class_names)
         return derived
 
