@@ -1,4 +1,4 @@
-"""Argument checks shared by the ops, layers, models and trainer.
+"""Argument checks shared by the ops, layers, models, trainer and data sets.
 
 One convention: each check takes the argument's name and value and raises a
 ``ValueError``/``TypeError`` naming the argument, the value and what was expected.
@@ -9,7 +9,9 @@ import operator
 
 import numpy as np
 
-__all__ = ['positive', 'positive_ints', 'one_of', 'non_negative', 'finite', 'class_labels']
+__all__ = ['positive', 'positive_ints', 'one_of', 'non_negative', 'finite', 'class_labels',
+           'integer', 'number', 'positive_range', 'height_width', 'string', 'label_array',
+           'per_class_names', 'index_array']
 
 
 def positive(name: str, value, kind: type = int):
@@ -89,3 +91,100 @@ def class_labels(name: str, labels, num_classes: int, batch: int | None = None) 
         raise ValueError(f'{name} must lie in [0, {num_classes}) (the model has {num_classes} '
                          f'outputs), got values in [{labels.min()}, {labels.max()}].')
     return labels
+
+
+# The checks below name the expected type and the expected value in separate
+# messages ('T must be an int, got str', then 'T must be positive, got 0').
+
+_SIGNS = {'positive': lambda v: v > 0, 'non-negative': lambda v: v >= 0}
+
+
+def _signed(name: str, value, sign: str | None):
+    """``value`` if it has ``sign`` (``'positive'``, ``'non-negative'`` or ``None``: any)."""
+    if sign is not None and not _SIGNS[sign](value):
+        raise ValueError(f'{name} must be {sign}, got {value}')
+    return value
+
+
+def integer(name: str, value, *, sign: str | None = None) -> int:
+    """``value`` as an int (bools rejected), ``'positive'`` or ``'non-negative'`` if
+    ``sign`` says so."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f'{name} must be an int, got {type(value).__name__}')
+    return int(_signed(name, value, sign))
+
+
+def number(name: str, value, *, sign: str | None = None) -> float:
+    """``value`` as a finite float (ints accepted, bools rejected), ``'positive'`` or
+    ``'non-negative'`` if ``sign`` says so."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f'{name} must be a number, got {type(value).__name__}')
+    if not np.isfinite(value):
+        raise ValueError(f'{name} must be finite, got {value}')
+    return _signed(name, float(value), sign)
+
+
+def _pair(name: str, value, form: str) -> tuple:
+    try:
+        first, second = value
+    except (TypeError, ValueError):
+        raise TypeError(f'{name} must be a {form} pair, got {value!r}') from None
+    return first, second
+
+
+def positive_range(name: str, value) -> tuple[float, float]:
+    """``value`` as a ``(low, high)`` pair of floats with ``0 < low <= high``."""
+    low, high = _pair(name, value, '(low, high)')
+    low = number(f'{name}[0]', low, sign='positive')
+    high = number(f'{name}[1]', high, sign='positive')
+    if low > high:
+        raise ValueError(f'{name} must satisfy low <= high, got {value!r}')
+    return low, high
+
+
+def height_width(name: str, value) -> tuple[int, int]:
+    """``value`` as a ``(height, width)`` pair of positive ints."""
+    height, width = _pair(name, value, '(height, width)')
+    return (integer(f'{name}[0]', height, sign='positive'),
+            integer(f'{name}[1]', width, sign='positive'))
+
+
+def string(name: str, value) -> str:
+    """``value`` if it is a ``str``."""
+    if not isinstance(value, str):
+        raise TypeError(f'{name} must be a str, got {type(value).__name__}')
+    return value
+
+
+def label_array(name: str, value, num_classes) -> tuple[np.ndarray, int]:
+    """A data set's ``(N,)`` integer labels in ``[0, num_classes)`` as int32, and
+    ``num_classes`` as a positive int."""
+    labels = np.asarray(value)
+    if labels.ndim != 1:
+        raise ValueError(f'{name} must have shape (N,), got shape {labels.shape}')
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise TypeError(f'{name} must be integers, got dtype {labels.dtype}')
+    num_classes = integer('num_classes', num_classes, sign='positive')
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f'{name} must lie in [0, {num_classes}), got values in '
+                         f'[{labels.min()}, {labels.max()}]')
+    return labels.astype(np.int32, copy=False), num_classes
+
+
+def per_class_names(name: str, value, num_classes: int) -> tuple[str, ...] | None:
+    """``value`` as a tuple of ``num_classes`` strings, or ``None``."""
+    if value is None:
+        return None
+    names = tuple(value)
+    if len(names) != num_classes or not all(isinstance(c, str) for c in names):
+        raise ValueError(f'{name} must be {num_classes} strings, got {names!r}')
+    return names
+
+
+def index_array(name: str, value) -> np.ndarray:
+    """``value`` as a 1-D intp index array (an empty one of any dtype included)."""
+    indices = np.asarray(value)
+    if indices.ndim != 1 or not (np.issubdtype(indices.dtype, np.integer) or indices.size == 0):
+        raise ValueError(f'{name} must be a 1-D integer array, got shape {indices.shape} '
+                         f'and dtype {indices.dtype}')
+    return indices.astype(np.intp)

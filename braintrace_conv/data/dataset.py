@@ -21,117 +21,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .._validation import index_array, integer, label_array, number, per_class_names, string
 from ._arrays import read_only
 
 __all__ = ["EventDataset", "FrameDataset"]
-
-
-# Argument validators shared by the modules of this package.
-
-
-def _check_positive_int(value, name: str) -> int:
-    """Return ``value`` as an int, requiring a positive integer."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return int(value)
-
-
-def _check_float(value, name: str) -> float:
-    """Return ``value`` as a float, requiring a finite real number."""
-    if isinstance(value, bool) or not isinstance(
-        value, (int, float, np.integer, np.floating)
-    ):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not np.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return float(value)
-
-
-def _check_positive_float(value, name: str) -> float:
-    """Return ``value`` as a float, requiring a positive finite number."""
-    value = _check_float(value, name)
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return value
-
-
-def _check_nonnegative_float(value, name: str) -> float:
-    """Return ``value`` as a float, requiring a non-negative finite number."""
-    value = _check_float(value, name)
-    if value < 0:
-        raise ValueError(f"{name} must be non-negative, got {value}")
-    return value
-
-
-def _check_range(value, name: str) -> tuple[float, float]:
-    """Return a ``(low, high)`` pair of floats with ``0 < low <= high``."""
-    try:
-        low, high = value
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a (low, high) pair, got {value!r}") from None
-    low = _check_positive_float(low, f"{name}[0]")
-    high = _check_positive_float(high, f"{name}[1]")
-    if low > high:
-        raise ValueError(f"{name} must satisfy low <= high, got {value!r}")
-    return low, high
-
-
-def _check_size(size, name: str = "size") -> tuple[int, int]:
-    """Return a ``(height, width)`` pair of positive ints."""
-    try:
-        height, width = size
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a (height, width) pair, got {size!r}") from None
-    return (
-        _check_positive_int(height, f"{name}[0]"),
-        _check_positive_int(width, f"{name}[1]"),
-    )
-
-
-def _check_labels(labels, num_classes) -> tuple[np.ndarray, int]:
-    """Validate ``(N,)`` integer labels in ``[0, num_classes)``; return int32 labels."""
-    labels = np.asarray(labels)
-    if labels.ndim != 1:
-        raise ValueError(f"labels must have shape (N,), got shape {labels.shape}")
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise TypeError(f"labels must be integers, got dtype {labels.dtype}")
-    num_classes = _check_positive_int(num_classes, "num_classes")
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(
-            f"labels must lie in [0, {num_classes}), got values in "
-            f"[{labels.min()}, {labels.max()}]"
-        )
-    return read_only(labels.astype(np.int32, copy=False)), num_classes
-
-
-def _check_names(name, class_names, num_classes: int) -> tuple[str, tuple[str, ...] | None]:
-    """Validate a dataset name and optional per-class names."""
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, got {type(name).__name__}")
-    if class_names is not None:
-        class_names = tuple(class_names)
-        if len(class_names) != num_classes or not all(
-            isinstance(c, str) for c in class_names
-        ):
-            raise ValueError(
-                f"class_names must be {num_classes} strings, got {class_names!r}"
-            )
-    return name, class_names
-
-
-def _check_indices(indices) -> np.ndarray:
-    """Validate a 1-D integer index array."""
-    indices = np.asarray(indices)
-    if indices.ndim != 1 or not (
-        np.issubdtype(indices.dtype, np.integer) or indices.size == 0
-    ):
-        raise ValueError(
-            f"indices must be a 1-D integer array, got shape {indices.shape} "
-            f"and dtype {indices.dtype}"
-        )
-    return indices.astype(np.intp)
 
 
 class FrameDataset(abc.ABC):
@@ -214,7 +107,7 @@ class FrameDataset(abc.ABC):
             If ``test_fraction`` is outside ``(0, 1)`` or either part would
             be empty.
         """
-        test_fraction = _check_float(test_fraction, "test_fraction")
+        test_fraction = number("test_fraction", test_fraction)
         if not 0.0 < test_fraction < 1.0:
             raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
         rng = np.random.default_rng(seed)
@@ -232,7 +125,7 @@ class FrameDataset(abc.ABC):
 
     def num_batches(self, batch_size: int, *, drop_last: bool = False) -> int:
         """Number of batches :meth:`batches` yields with these arguments."""
-        batch_size = _check_positive_int(batch_size, "batch_size")
+        batch_size = integer("batch_size", batch_size, sign="positive")
         if drop_last:
             return len(self) // batch_size
         return -(-len(self) // batch_size)
@@ -323,15 +216,16 @@ class EventDataset(FrameDataset):
                 "one axis, e.g. (N, T, P, X) or (N, T, P, H, W), got shape "
                 f"{events.shape}"
             )
-        labels, num_classes = _check_labels(self.labels, self.num_classes)
+        labels, num_classes = label_array("labels", self.labels, self.num_classes)
         if len(labels) != len(events):
             raise ValueError(
                 f"events and labels must have the same length, got {len(events)} "
                 f"samples and {len(labels)} labels"
             )
-        name, class_names = _check_names(self.name, self.class_names, num_classes)
+        string("name", self.name)
+        class_names = per_class_names("class_names", self.class_names, num_classes)
         object.__setattr__(self, "events", read_only(events.astype(np.float32, copy=False)))
-        object.__setattr__(self, "labels", labels)
+        object.__setattr__(self, "labels", read_only(labels))
         object.__setattr__(self, "num_classes", num_classes)
         object.__setattr__(self, "class_names", class_names)
 
@@ -358,7 +252,7 @@ class EventDataset(FrameDataset):
         EventDataset
             New dataset with ``M`` samples and the same metadata.
         """
-        indices = _check_indices(indices)
+        indices = index_array("indices", indices)
         return dataclasses.replace(
             self, events=self.events[indices], labels=self.labels[indices]
         )

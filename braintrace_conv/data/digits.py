@@ -13,13 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dataset import (
-    EventDataset,
-    _check_nonnegative_float,
-    _check_positive_float,
-    _check_positive_int,
-    _check_size,
-)
+from .._validation import height_width, integer, number
+from .dataset import EventDataset
 from .moving_bars import dvs_events
 
 __all__ = ["digits_saccades", "saccade_path"]
@@ -54,9 +49,9 @@ def saccade_path(T: int, substeps: int, amplitude: float) -> np.ndarray:
         ``(T * substeps + 1, 2)``, sampled at times ``s / substeps`` time
         steps for ``s = 0 .. T * substeps``.
     """
-    T = _check_positive_int(T, "T")
-    substeps = _check_positive_int(substeps, "substeps")
-    amplitude = _check_positive_float(amplitude, "amplitude")
+    T = integer("T", T, sign="positive")
+    substeps = integer("substeps", substeps, sign="positive")
+    amplitude = number("amplitude", amplitude, sign="positive")
     vertices = amplitude * np.array([[0.0, 0.0], [1.0, 0.5], [1.0, -0.5], [0.0, 0.0]])
     vertices -= vertices[:3].mean(axis=0)
     phase = 3.0 * np.arange(T * substeps + 1) / (T * substeps)
@@ -168,24 +163,24 @@ def digits_saccades(
     ImportError
         If scikit-learn is not installed.
     """
-    T = _check_positive_int(T, "T")
-    size = _check_size(size)
-    digit_size = _check_positive_int(digit_size, "digit_size")
+    T = integer("T", T, sign="positive")
+    size = height_width("size", size)
+    digit_size = integer("digit_size", digit_size, sign="positive")
     if not _SOURCE_SIZE <= digit_size <= min(size):
         raise ValueError(
             f"digit_size must lie in [{_SOURCE_SIZE}, {min(size)}] for size={size}, "
             f"got {digit_size}"
         )
-    substeps = _check_positive_int(substeps, "substeps")
-    saccade_amplitude = _check_positive_float(saccade_amplitude, "saccade_amplitude")
-    jitter = _check_nonnegative_float(jitter, "jitter")
-    background = _check_positive_float(background, "background")
+    substeps = integer("substeps", substeps, sign="positive")
+    saccade_amplitude = number("saccade_amplitude", saccade_amplitude, sign="positive")
+    jitter = number("jitter", jitter, sign="non-negative")
+    background = number("background", background, sign="positive")
     if background >= 1:
         raise ValueError(f"background must lie in (0, 1), got {background}")
-    threshold = _check_positive_float(threshold, "threshold")
+    threshold = number("threshold", threshold, sign="positive")
     if n_samples is None:
         n_samples = _N_DIGITS
-    n_samples = _check_positive_int(n_samples, "n_samples")
+    n_samples = integer("n_samples", n_samples, sign="positive")
     if n_samples > _N_DIGITS:
         raise ValueError(f"n_samples must be at most {_N_DIGITS}, got {n_samples}")
 

@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from .dataset import _check_float, _check_positive_float, _check_positive_int
+from .._validation import integer, number
 
 __all__ = ["events_to_frames"]
 
@@ -135,7 +135,7 @@ class _Binning:
                 f"(extents, then the number of polarities), got {self.sensor_size!r}"
             )
         size = tuple(
-            _check_positive_int(s, f"sensor_size[{i}]") for i, s in enumerate(size)
+            integer(f"sensor_size[{i}]", s, sign="positive") for i, s in enumerate(size)
         )
         if size[-1] > 2:
             raise ValueError(
@@ -149,14 +149,14 @@ class _Binning:
                 "give n_time_bins, time_window_us or event_count (exactly one of the "
                 "last two may be combined with n_time_bins)"
             )
-        for name, check in (
-            ("n_time_bins", _check_positive_int),
-            ("time_window_us", _check_positive_float),
-            ("event_count", _check_positive_int),
-            ("t_start_us", _check_float),
+        for name, check, sign in (
+            ("n_time_bins", integer, "positive"),
+            ("time_window_us", number, "positive"),
+            ("event_count", integer, "positive"),
+            ("t_start_us", number, None),
         ):
             if getattr(self, name) is not None:
-                object.__setattr__(self, name, check(getattr(self, name), name))
+                object.__setattr__(self, name, check(name, getattr(self, name), sign=sign))
 
     def _bins(self, t: np.ndarray) -> tuple[np.ndarray, int]:
         """Time-bin index of every event (``-1``: dropped) and the number of bins."""

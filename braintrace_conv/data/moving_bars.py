@@ -38,13 +38,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .dataset import (
-    EventDataset,
-    _check_positive_float,
-    _check_positive_int,
-    _check_range,
-    _check_size,
-)
+from .._validation import height_width, integer, number, positive_range
+from .dataset import EventDataset
 
 __all__ = [
     "DIRECTION_NAMES",
@@ -114,8 +109,8 @@ def dvs_events(log_intensity: np.ndarray, *, threshold: float, substeps: int) ->
         ``(t + 1) * substeps``.
     """
     log_intensity = np.asarray(log_intensity, dtype=np.float64)
-    threshold = _check_positive_float(threshold, "threshold")
-    substeps = _check_positive_int(substeps, "substeps")
+    threshold = number("threshold", threshold, sign="positive")
+    substeps = integer("substeps", substeps, sign="positive")
     if log_intensity.ndim != 4:
         raise ValueError(
             "log_intensity must have shape (N, S + 1, H, W), got shape "
@@ -212,7 +207,7 @@ class MotionScenes:
             raise ValueError("direction must hold integers in 0..7")
         if not np.isin(self.polarity, (0, 1)).all():
             raise ValueError("polarity must hold 0 or 1")
-        _check_positive_float(self.dot_radius, "dot_radius")
+        number("dot_radius", self.dot_radius, sign="positive")
 
     def __len__(self) -> int:
         return len(self.direction)
@@ -282,15 +277,15 @@ def sample_scenes(
     MotionScenes
         ``N`` scenes.
     """
-    n_samples = _check_positive_int(n_samples, "n_samples")
-    height, width = _check_size(size)
-    speed = _check_range(speed, "speed")
-    bar_length = _check_range(bar_length, "bar_length")
-    bar_width = _check_range(bar_width, "bar_width")
-    n_dots = _check_positive_int(n_dots, "n_dots")
-    dot_radius = _check_positive_float(dot_radius, "dot_radius")
-    pattern_radius = _check_positive_float(pattern_radius, "pattern_radius")
-    center_spread = _check_positive_float(center_spread, "center_spread")
+    n_samples = integer("n_samples", n_samples, sign="positive")
+    height, width = height_width("size", size)
+    speed = positive_range("speed", speed)
+    bar_length = positive_range("bar_length", bar_length)
+    bar_width = positive_range("bar_width", bar_width)
+    n_dots = integer("n_dots", n_dots, sign="positive")
+    dot_radius = number("dot_radius", dot_radius, sign="positive")
+    pattern_radius = number("pattern_radius", pattern_radius, sign="positive")
+    center_spread = number("center_spread", center_spread, sign="positive")
     if center_spread > 1:
         raise ValueError(f"center_spread must lie in (0, 1], got {center_spread}")
     objects = tuple(objects) if not isinstance(objects, str) else (objects,)
@@ -428,11 +423,11 @@ def render_scenes(
     """
     if not isinstance(scenes, MotionScenes):
         raise TypeError(f"scenes must be MotionScenes, got {type(scenes).__name__}")
-    T = _check_positive_int(T, "T")
-    size = _check_size(size)
-    substeps = _check_positive_int(substeps, "substeps")
-    contrast = _check_positive_float(contrast, "contrast")
-    threshold = _check_positive_float(threshold, "threshold")
+    T = integer("T", T, sign="positive")
+    size = height_width("size", size)
+    substeps = integer("substeps", substeps, sign="positive")
+    contrast = number("contrast", contrast, sign="positive")
+    threshold = number("threshold", threshold, sign="positive")
     if contrast < threshold:
         raise ValueError(
             f"contrast={contrast} is below threshold={threshold}; moving objects "

@@ -27,13 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dataset import (
-    EventDataset,
-    _check_nonnegative_float,
-    _check_positive_float,
-    _check_positive_int,
-    _check_range,
-)
+from .._validation import integer, number, positive_range
+from .dataset import EventDataset
 from .frames import events_to_frames
 
 __all__ = ["EVENT_DTYPE", "synthetic_shd"]
@@ -135,12 +130,12 @@ def synthetic_shd(
         1), time_window_us=1000 * duration_ms / T, n_time_bins=T,
         t_start_us=0)`` gives ``dataset.events[i]``.
     """
-    n_samples = _check_positive_int(n_samples, "n_samples")
-    num_classes = _check_positive_int(num_classes, "num_classes")
-    n_channels = _check_positive_int(n_channels, "n_channels")
-    T = _check_positive_int(T, "T")
-    duration_us = 1000.0 * _check_positive_float(duration_ms, "duration_ms")
-    speed = _check_range(speed, "speed")
+    n_samples = integer("n_samples", n_samples, sign="positive")
+    num_classes = integer("num_classes", num_classes, sign="positive")
+    n_channels = integer("n_channels", n_channels, sign="positive")
+    T = integer("T", T, sign="positive")
+    duration_us = 1000.0 * number("duration_ms", duration_ms, sign="positive")
+    speed = positive_range("speed", speed)
     if speed[1] * _WORD_FRACTION >= 1.0:
         raise ValueError(
             f"speed must stay below {1 / _WORD_FRACTION:.3f} so that a word fits in the "
@@ -150,10 +145,10 @@ def synthetic_shd(
         raise TypeError(f"channel_shift must be an int, got {type(channel_shift).__name__}")
     if channel_shift < 0:
         raise ValueError(f"channel_shift must be non-negative, got {channel_shift}")
-    formant_jitter = _check_nonnegative_float(formant_jitter, "formant_jitter")
-    band_width = _check_positive_float(band_width, "band_width")
-    band_rate_hz = _check_nonnegative_float(band_rate_hz, "band_rate_hz")
-    background_hz = _check_nonnegative_float(background_hz, "background_hz")
+    formant_jitter = number("formant_jitter", formant_jitter, sign="non-negative")
+    band_width = number("band_width", band_width, sign="positive")
+    band_rate_hz = number("band_rate_hz", band_rate_hz, sign="non-negative")
+    background_hz = number("background_hz", background_hz, sign="non-negative")
 
     words = _word_templates(num_classes, template_seed)
     rng = np.random.default_rng(seed)

@@ -18,14 +18,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .._validation import index_array, label_array, per_class_names, string
 from ._arrays import read_only
-from .dataset import (
-    EventDataset,
-    FrameDataset,
-    _check_indices,
-    _check_labels,
-    _check_names,
-)
+from .dataset import EventDataset, FrameDataset
 
 __all__ = ["StreamingEventDataset"]
 
@@ -134,7 +129,7 @@ class StreamingEventDataset(FrameDataset):
         cache_size: int = 256,
     ):
         sources = tuple(sources)
-        labels, num_classes = _check_labels(labels, num_classes)
+        labels, num_classes = label_array("labels", labels, num_classes)
         if len(labels) != len(sources) or not sources:
             raise ValueError(
                 f"sources and labels must be non-empty and of the same length, got "
@@ -156,9 +151,10 @@ class StreamingEventDataset(FrameDataset):
         self._init(
             dataclasses.replace(root, sample_shape=first.shape),
             np.arange(len(sources)),
-            labels,
+            read_only(labels),
             num_classes,
-            *_check_names(name, class_names, num_classes),
+            string("name", name),
+            per_class_names("class_names", class_names, num_classes),
         )
 
     def _init(self, root, positions, labels, num_classes, name, class_names):
@@ -195,7 +191,7 @@ class StreamingEventDataset(FrameDataset):
 
         Nothing is read; the result shares sources and cache with this dataset.
         """
-        indices = _check_indices(indices)
+        indices = index_array("indices", indices)
         derived = object.__new__(StreamingEventDataset)
         derived._init(self._root, self._positions[indices], read_only(self.labels[indices]),
                       self.num_classes, self.name, self.class_names)
