@@ -141,10 +141,7 @@ def synthetic_shd(
             f"speed must stay below {1 / _WORD_FRACTION:.3f} so that a word fits in the "
             f"recording, got {speed!r}"
         )
-    if isinstance(channel_shift, bool) or not isinstance(channel_shift, (int, np.integer)):
-        raise TypeError(f"channel_shift must be an int, got {type(channel_shift).__name__}")
-    if channel_shift < 0:
-        raise ValueError(f"channel_shift must be non-negative, got {channel_shift}")
+    channel_shift = integer("channel_shift", channel_shift, sign="non-negative")
     formant_jitter = number("formant_jitter", formant_jitter, sign="non-negative")
     band_width = number("band_width", band_width, sign="positive")
     band_rate_hz = number("band_rate_hz", band_rate_hz, sign="non-negative")

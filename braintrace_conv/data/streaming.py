@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .._validation import index_array, label_array, per_class_names, string
+from .._validation import index_array, integer, label_array, per_class_names, string
 from ._arrays import read_only
 from .dataset import EventDataset, FrameDataset
 
@@ -137,11 +137,8 @@ class StreamingEventDataset(FrameDataset):
             )
         if not (callable(read) and callable(to_frames)):
             raise TypeError("read and to_frames must be callables")
-        if isinstance(cache_size, bool) or not isinstance(cache_size, (int, np.integer)):
-            raise TypeError(f"cache_size must be an int, got {type(cache_size).__name__}")
-        if cache_size < 0:
-            raise ValueError(f"cache_size must be non-negative, got {cache_size}")
-        root = _Source(sources, read, to_frames, _LRUCache(int(cache_size)))
+        cache_size = integer("cache_size", cache_size, sign="non-negative")
+        root = _Source(sources, read, to_frames, _LRUCache(cache_size))
         first = root.frames(0)
         if first.ndim < 2:
             raise ValueError(
