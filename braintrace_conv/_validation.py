@@ -1,7 +1,12 @@
 """Argument checks shared by the ops, layers, models, trainer and data sets.
 
-One convention: each check takes the argument's name and value and raises a
-``ValueError``/``TypeError`` naming the argument, the value and what was expected.
+One convention: each check takes the argument's name, then its value (then
+options), and returns the checked value, converted where the check says so
+(:func:`finite` returns nothing), or raises an error naming the argument, the value
+and what was expected. A value of the wrong type raises
+:class:`WrongTypeError`, which is both a ``TypeError`` and a ``ValueError``, so
+callers catching either see it; a value of the right type that is out of range, of
+the wrong shape or not among the choices raises a ``ValueError``.
 """
 from __future__ import annotations
 
@@ -9,9 +14,13 @@ import operator
 
 import numpy as np
 
-__all__ = ['positive', 'positive_ints', 'one_of', 'non_negative', 'finite', 'class_labels',
-           'integer', 'number', 'positive_range', 'height_width', 'string', 'label_array',
-           'per_class_names', 'index_array']
+__all__ = ['WrongTypeError', 'positive', 'positive_ints', 'one_of', 'non_negative', 'finite',
+           'class_labels', 'integer', 'number', 'positive_range', 'height_width', 'string',
+           'label_array', 'per_class_names', 'index_array']
+
+
+class WrongTypeError(TypeError, ValueError):
+    """An argument of the wrong type (or dtype)."""
 
 
 def positive(name: str, value, kind: type = int):
@@ -20,7 +29,8 @@ def positive(name: str, value, kind: type = int):
     ok = (isinstance(value, (int, np.integer)) if kind is int
           else isinstance(value, (int, float, np.integer, np.floating)))
     if isinstance(value, bool) or not ok or not value > 0:
-        raise ValueError(f'{name} must be a positive {kind.__name__}, got {value!r}.')
+        error = ValueError if ok and not isinstance(value, bool) else WrongTypeError
+        raise error(f'{name} must be a positive {kind.__name__}, got {value!r}.')
     return kind(value)
 
 
@@ -36,8 +46,8 @@ def positive_ints(name: str, value, n_spatial: int, default: int | None = None) 
     try:
         value = tuple(operator.index(v) for v in value)
     except TypeError:
-        raise TypeError(f'{name} must be an int or a sequence of {n_spatial} ints, '
-                        f'got {value!r}.') from None
+        raise WrongTypeError(f'{name} must be an int or a sequence of {n_spatial} ints, '
+                             f'got {value!r}.') from None
     if len(value) != n_spatial:
         raise ValueError(f'{name} must have {n_spatial} entries (one per spatial '
                          f'dimension), got {len(value)}: {value!r}.')
@@ -55,7 +65,9 @@ def one_of(name: str, value, choices: tuple):
 
 def non_negative(name: str, value) -> int:
     """``value`` as a non-negative int (bools and other types are rejected)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise WrongTypeError(f'{name} must be a non-negative int, got {value!r}.')
+    if value < 0:
         raise ValueError(f'{name} must be a non-negative int, got {value!r}.')
     return int(value)
 
@@ -83,7 +95,7 @@ def class_labels(name: str, labels, num_classes: int, batch: int | None = None) 
     """``labels`` as an int array ``(B,)`` with values in ``[0, num_classes)``."""
     labels = np.asarray(labels)
     if not np.issubdtype(labels.dtype, np.integer):
-        raise TypeError(f'{name} must be integer class labels, got dtype {labels.dtype}.')
+        raise WrongTypeError(f'{name} must be integer class labels, got dtype {labels.dtype}.')
     expected = '(B,)' if batch is None else f'({batch},)'
     if labels.ndim != 1 or (batch is not None and len(labels) != batch):
         raise ValueError(f'{name} must have shape {expected}, got {labels.shape}.')
@@ -110,7 +122,7 @@ def integer(name: str, value, *, sign: str | None = None) -> int:
     """``value`` as an int (bools rejected), ``'positive'`` or ``'non-negative'`` if
     ``sign`` says so."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f'{name} must be an int, got {type(value).__name__}')
+        raise WrongTypeError(f'{name} must be an int, got {type(value).__name__}')
     return int(_signed(name, value, sign))
 
 
@@ -118,7 +130,7 @@ def number(name: str, value, *, sign: str | None = None) -> float:
     """``value`` as a finite float (ints accepted, bools rejected), ``'positive'`` or
     ``'non-negative'`` if ``sign`` says so."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f'{name} must be a number, got {type(value).__name__}')
+        raise WrongTypeError(f'{name} must be a number, got {type(value).__name__}')
     if not np.isfinite(value):
         raise ValueError(f'{name} must be finite, got {value}')
     return _signed(name, float(value), sign)
@@ -128,7 +140,7 @@ def _pair(name: str, value, form: str) -> tuple:
     try:
         first, second = value
     except (TypeError, ValueError):
-        raise TypeError(f'{name} must be a {form} pair, got {value!r}') from None
+        raise WrongTypeError(f'{name} must be a {form} pair, got {value!r}') from None
     return first, second
 
 
@@ -152,7 +164,7 @@ def height_width(name: str, value) -> tuple[int, int]:
 def string(name: str, value) -> str:
     """``value`` if it is a ``str``."""
     if not isinstance(value, str):
-        raise TypeError(f'{name} must be a str, got {type(value).__name__}')
+        raise WrongTypeError(f'{name} must be a str, got {type(value).__name__}')
     return value
 
 
@@ -163,7 +175,7 @@ def label_array(name: str, value, num_classes) -> tuple[np.ndarray, int]:
     if labels.ndim != 1:
         raise ValueError(f'{name} must have shape (N,), got shape {labels.shape}')
     if not np.issubdtype(labels.dtype, np.integer):
-        raise TypeError(f'{name} must be integers, got dtype {labels.dtype}')
+        raise WrongTypeError(f'{name} must be integers, got dtype {labels.dtype}')
     num_classes = integer('num_classes', num_classes, sign='positive')
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f'{name} must lie in [0, {num_classes}), got values in '
@@ -177,7 +189,8 @@ def per_class_names(name: str, value, num_classes: int) -> tuple[str, ...] | Non
         return None
     names = tuple(value)
     if len(names) != num_classes or not all(isinstance(c, str) for c in names):
-        raise ValueError(f'{name} must be {num_classes} strings, got {names!r}')
+        error = ValueError if len(names) != num_classes else WrongTypeError
+        raise error(f'{name} must be {num_classes} strings, got {names!r}')
     return names
 
 
@@ -185,6 +198,7 @@ def index_array(name: str, value) -> np.ndarray:
     """``value`` as a 1-D intp index array (an empty one of any dtype included)."""
     indices = np.asarray(value)
     if indices.ndim != 1 or not (np.issubdtype(indices.dtype, np.integer) or indices.size == 0):
-        raise ValueError(f'{name} must be a 1-D integer array, got shape {indices.shape} '
-                         f'and dtype {indices.dtype}')
+        error = ValueError if indices.ndim != 1 else WrongTypeError
+        raise error(f'{name} must be a 1-D integer array, got shape {indices.shape} '
+                    f'and dtype {indices.dtype}')
     return indices.astype(np.intp)
