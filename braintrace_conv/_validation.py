@@ -187,10 +187,16 @@ def per_class_names(name: str, value, num_classes: int) -> tuple[str, ...] | Non
     """``value`` as a tuple of ``num_classes`` strings, or ``None``."""
     if value is None:
         return None
-    names = tuple(value)
+    expected = f'{name} must be {num_classes} strings, got '
+    if isinstance(value, str):      # a str is a sequence of strings, one per character
+        raise WrongTypeError(f'{expected}{value!r}')
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise WrongTypeError(f'{expected}{value!r}') from None
     if len(names) != num_classes or not all(isinstance(c, str) for c in names):
         error = ValueError if len(names) != num_classes else WrongTypeError
-        raise error(f'{name} must be {num_classes} strings, got {names!r}')
+        raise error(f'{expected}{names!r}')
     return names
 
 

@@ -44,3 +44,9 @@ def test_integer_and_number_name_type_and_sign_apart():
         check.number('x', -0.5, sign='non-negative')
     with pytest.raises(ValueError, match=r'^speed\[0\] must be positive, got 0.0$'):
         check.positive_range('speed', (0, 1))
+
+
+@pytest.mark.parametrize('value', ['ab', 5])
+def test_class_names_must_be_a_collection_of_strings(value):
+    with pytest.raises(TypeError, match=f'^class_names must be 2 strings, got {value!r}$'):
+        check.per_class_names('class_names', value, 2)
