@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from .._npy_files import npy_entries, npy_header, read_npy, read_npz
+from ._binning import Binning
 from .dataset import EventDataset
-from .frames import _binning
 from .streaming import StreamingEventDataset
 
 __all__ = [
@@ -67,7 +67,7 @@ def _tonic_binning(dataset, sensor_size, binning: dict):
             raise ValueError(
                 "sensor_size is required when dataset has no sensor_size attribute"
             )
-    return _binning(sensor_size, binning)
+    return Binning.from_keywords(sensor_size, binning)
 
 
 def from_tonic(
@@ -350,7 +350,7 @@ def stream_directory(
     StreamingEventDataset
         ``sources`` the file paths, ``class_names`` the sub-directory names.
     """
-    to_frames = _binning(sensor_size, binning)
+    to_frames = Binning.from_keywords(sensor_size, binning)
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"root must be an existing directory, got {str(root)!r}")

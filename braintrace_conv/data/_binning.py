@@ -1,0 +1,213 @@
+"""Validated binning of recorded events into frames: the implementation of
+:func:`~braintrace_conv.data.frames.events_to_frames`, shared with the loaders of
+:mod:`~braintrace_conv.data.event_files`, which check the binning keywords once
+before reading any file. The event format and the frame layout are described in
+:mod:`braintrace_conv.data.frames`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .._validation import integer, number
+
+__all__ = ["Binning"]
+
+_SPATIAL_FIELDS = ("x", "y", "z")
+_SENSOR_FORMS = {1: "(X, P) or (X, 1, P)", 2: "(X, Y, P)", 3: "(X, Y, Z, P)"}
+
+
+def _spatial_rank(events) -> int:
+    """Number of coordinate fields (1 to 3) of a structured event array."""
+    if not isinstance(events, np.ndarray) or events.dtype.names is None:
+        raise TypeError(
+            "events must be a numpy structured array with fields t, x[, y[, z]], p, got "
+            f"{type(events).__name__}"
+            + (f" with dtype {events.dtype}" if isinstance(events, np.ndarray) else "")
+        )
+    names = events.dtype.names
+    present = [f in names for f in _SPATIAL_FIELDS]
+    rank = present.index(False) if False in present else 3
+    missing = [f for f in ("t", "x", "p") if f not in names]
+    if missing or any(present[rank:]):
+        raise ValueError(
+            f"events has fields {list(names)}; expected t, p and the coordinates x, "
+            "(x, y) or (x, y, z)"
+            + (f" (missing {missing})" if missing else " (a coordinate is skipped)")
+        )
+    if events.ndim != 1:
+        raise ValueError(f"events must be one-dimensional, got shape {events.shape}")
+    return rank
+
+
+def _sensor_extents(sensor_size: tuple, rank: int) -> tuple[tuple[int, ...], int]:
+    """Spatial extents in frame order (reversed) and the polarity count."""
+    size = tuple(sensor_size)
+    if rank == 1 and len(size) == 3 and size[1] == 1:
+        size = (size[0], size[2])  # tonic writes 1-D sensors as (X, 1, P)
+    if len(size) != rank + 1:
+        raise ValueError(
+            f"events with {rank} coordinate field(s) need sensor_size "
+            f"{_SENSOR_FORMS[rank]}, got {sensor_size!r}"
+        )
+    return size[-2::-1], size[-1]
+
+
+def _integer_coordinates(values: np.ndarray, name: str, bound: int) -> np.ndarray:
+    """Return event coordinates as intp, requiring integers in ``[0, bound)``."""
+    if not np.issubdtype(values.dtype, np.number) or np.issubdtype(
+        values.dtype, np.complexfloating
+    ):
+        raise TypeError(f"events field {name!r} must be numeric, got dtype {values.dtype}")
+    if values.size and not np.array_equal(values, np.round(values)):
+        raise ValueError(f"events field {name!r} must hold integer pixel coordinates")
+    if values.size and (values.min() < 0 or values.max() >= bound):
+        raise ValueError(
+            f"events field {name!r} must lie in [0, {bound}) for this sensor_size, "
+            f"got values in [{values.min()}, {values.max()}]"
+        )
+    return values.astype(np.intp)
+
+
+def _polarity_channel(polarity: np.ndarray, n_polarities: int) -> np.ndarray:
+    """Channel index of every event: ON -> 0, OFF -> 1 (or all 0 when P = 1)."""
+    if polarity.dtype != bool and not np.issubdtype(polarity.dtype, np.number):
+        raise TypeError(
+            f"events field 'p' must be numeric or bool, got dtype {polarity.dtype}"
+        )
+    values = sorted(np.unique(polarity).tolist())
+    if n_polarities == 1:
+        if len(values) > 1:
+            raise ValueError(
+                f"sensor_size has P=1 polarity channel but events field 'p' holds "
+                f"{values}; give P=2 to keep them apart, or set events['p'] to one "
+                "value to merge them"
+            )
+        return np.zeros(polarity.shape, dtype=np.intp)
+    if polarity.dtype != bool and not (set(values) <= {0, 1} or set(values) <= {-1, 1}):
+        raise ValueError(
+            f"events field 'p' must be coded as 0/1, -1/1 or bool, got values {values}"
+        )
+    return np.where(polarity > 0, 0, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Binning:
+    """Validated arguments of ``events_to_frames``; calling it bins events."""
+
+    sensor_size: tuple
+    n_time_bins: int | None = None
+    time_window_us: float | None = None
+    event_count: int | None = None
+    t_start_us: float | None = None
+
+    def __post_init__(self):
+        try:
+            size = tuple(self.sensor_size)
+        except TypeError:
+            size = ()
+        if not 2 <= len(size) <= 4:
+            raise TypeError(
+                "sensor_size must be (X, P), (X, Y, P) or (X, Y, Z, P) as in tonic "
+                f"(extents, then the number of polarities), got {self.sensor_size!r}"
+            )
+        size = tuple(
+            integer(f"sensor_size[{i}]", s, sign="positive") for i, s in enumerate(size)
+        )
+        if size[-1] > 2:
+            raise ValueError(
+                f"sensor_size[-1] (polarities) must be 1 or 2, got {size[-1]}"
+            )
+        object.__setattr__(self, "sensor_size", size)
+        if self.time_window_us is not None and self.event_count is not None:
+            raise ValueError("give at most one of time_window_us and event_count")
+        if (self.n_time_bins, self.time_window_us, self.event_count) == (None,) * 3:
+            raise ValueError(
+                "give n_time_bins, time_window_us or event_count (exactly one of the "
+                "last two may be combined with n_time_bins)"
+            )
+        for name, check, sign in (
+            ("n_time_bins", integer, "positive"),
+            ("time_window_us", number, "positive"),
+            ("event_count", integer, "positive"),
+            ("t_start_us", number, None),
+        ):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check(name, getattr(self, name), sign=sign))
+
+    @classmethod
+    def from_keywords(cls, sensor_size, keywords: dict) -> Binning:
+        """``events -> frames`` for the binning keywords of ``events_to_frames``
+        (``n_time_bins``, ``time_window_us``, ``event_count``, ``t_start_us``)."""
+        names = [f.name for f in dataclasses.fields(cls)][1:]
+        unknown = sorted(set(keywords) - set(names))
+        if unknown:
+            raise TypeError(f"unknown binning keyword(s) {unknown}; expected some of {names}")
+        return cls(sensor_size=sensor_size, **keywords)
+
+    def _bins(self, t: np.ndarray) -> tuple[np.ndarray, int]:
+        """Time-bin index of every event (``-1``: dropped) and the number of bins."""
+        start = self.t_start_us if self.t_start_us is not None else (
+            t.min() if t.size else 0.0
+        )
+        kept = t >= start
+        n_kept = int(kept.sum())
+        bins = np.full(t.shape, -1, dtype=np.intp)
+        if self.event_count is not None:
+            order = np.flatnonzero(kept)[np.argsort(t[kept], kind="stable")]
+            bins[order] = np.arange(n_kept) // self.event_count
+            n_bins = -(-n_kept // self.event_count)
+        elif self.time_window_us is not None:
+            width, n_bins = self.time_window_us, self.n_time_bins
+            if n_bins is None and not n_kept:
+                n_bins = 0
+            elif n_bins is None:
+                # The bin of the latest event, with the edges' own arithmetic.
+                stop, last = t[kept].max(), int((t[kept].max() - start) // width)
+                if start + last * width > stop:
+                    last -= 1
+                elif start + (last + 1) * width <= stop:
+                    last += 1
+                n_bins = last + 1
+            edges = start + np.arange(n_bins + 1) * width
+            bins[kept] = np.searchsorted(edges, t[kept], side="right") - 1
+        else:
+            n_bins = self.n_time_bins
+            stop = t[kept].max() if n_kept else start
+            if stop > start:
+                edges = start + np.arange(n_bins + 1) * ((stop - start) / n_bins)
+                # The last bin is closed: it also holds the latest event.
+                bins[kept] = np.minimum(
+                    np.searchsorted(edges, t[kept], side="right") - 1, n_bins - 1
+                )
+            else:
+                bins[kept] = 0
+        if self.n_time_bins is not None:
+            n_bins = self.n_time_bins
+            bins[bins >= n_bins] = -1
+        return bins, n_bins
+
+    def __call__(self, events: np.ndarray) -> np.ndarray:
+        rank = _spatial_rank(events)
+        extents, n_polarities = _sensor_extents(self.sensor_size, rank)
+        t = events["t"]
+        if not np.issubdtype(t.dtype, np.number) or np.issubdtype(
+            t.dtype, np.complexfloating
+        ):
+            raise TypeError(f"events field 't' must be numeric, got dtype {t.dtype}")
+        t = t.astype(np.float64)
+        if t.size and not np.isfinite(t).all():
+            raise ValueError("events field 't' must be finite")
+        # Flat index of (polarity, *coordinates in frame order), x fastest.
+        index = _polarity_channel(events["p"], n_polarities)
+        for name, extent in zip(_SPATIAL_FIELDS[rank - 1 :: -1], extents):
+            index = index * extent + _integer_coordinates(events[name], name, extent)
+        bins, n_bins = self._bins(t)
+        frame_size = n_polarities * int(np.prod(extents))
+        valid = bins >= 0
+        counts = np.bincount(
+            bins[valid] * frame_size + index[valid], minlength=n_bins * frame_size
+        )
+        return counts.astype(np.float32).reshape((n_bins, n_polarities) + extents)
