@@ -73,10 +73,8 @@ class FrameDataset(abc.ABC):
     def class_counts(self) -> np.ndarray:
         """Number of samples per class.
 
-        Returns
-        -------
-        np.ndarray
-            int64 array of shape ``(num_classes,)``.
+        Returns:
+          int64 array of shape ``(num_classes,)``.
         """
         return np.bincount(self.labels, minlength=self.num_classes)
 
@@ -88,23 +86,16 @@ class FrameDataset(abc.ABC):
         class proportions are preserved up to rounding. Both parts keep the
         original sample order.
 
-        Parameters
-        ----------
-        test_fraction : float
-            Fraction of each class assigned to the test set, in ``(0, 1)``.
-        seed : int, optional
-            Seed of the random draw; equal seeds give equal splits.
+        Args:
+          test_fraction: Fraction of each class assigned to the test set, in ``(0, 1)``.
+          seed: Seed of the random draw; equal seeds give equal splits.
 
-        Returns
-        -------
-        train, test
-            Disjoint datasets of this type that together contain every
-            sample once.
+        Returns:
+          ``(train, test)``: Disjoint datasets of this type that together contain every
+          sample once.
 
-        Raises
-        ------
-        ValueError
-            If ``test_fraction`` is outside ``(0, 1)`` or either part would
+        Raises:
+          ValueError: If ``test_fraction`` is outside ``(0, 1)`` or either part would
             be empty.
         """
         test_fraction = number("test_fraction", test_fraction)
@@ -140,25 +131,17 @@ class FrameDataset(abc.ABC):
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Iterate once over the dataset in time-major batches.
 
-        Parameters
-        ----------
-        batch_size : int
-            Number of samples ``B`` per batch, positive.
-        shuffle : bool, optional
-            Visit samples in a random order drawn from ``seed``; otherwise in
+        Args:
+          batch_size: Number of samples ``B`` per batch, positive.
+          shuffle: Visit samples in a random order drawn from ``seed``; otherwise in
             storage order.
-        seed : int, optional
-            Seed of the shuffling order (ignored if ``shuffle`` is False).
-        drop_last : bool, optional
-            Skip the final batch when it has fewer than ``batch_size``
+          seed: Seed of the shuffling order (ignored if ``shuffle`` is False).
+          drop_last: Skip the final batch when it has fewer than ``batch_size``
             samples (e.g. to keep ``B`` divisible by a device count).
 
-        Yields
-        ------
-        xs : np.ndarray
-            float32 array of shape ``(T, B, *frame_shape)``, C-contiguous.
-        labels : np.ndarray
-            int32 array of shape ``(B,)``.
+        Yields:
+          ``(xs, labels)``: ``xs`` float32 array of shape ``(T, B, *frame_shape)``,
+          C-contiguous; ``labels`` int32 array of shape ``(B,)``.
         """
         n_batches = self.num_batches(batch_size, drop_last=drop_last)
         order = (
@@ -176,28 +159,21 @@ class FrameDataset(abc.ABC):
 class EventDataset(FrameDataset):
     """Labelled event frames held in memory.
 
-    Parameters
-    ----------
-    events : np.ndarray
-        Event counts of shape ``(N, T, *frame_shape)``: samples, time steps,
+    Args:
+      events: Event counts of shape ``(N, T, *frame_shape)``: samples, time steps,
         then one frame of at least one axis, e.g. ``(P, X)`` (audio-like
         sensors), ``(P, H, W)`` (DVS; polarity 0 = ON, 1 = OFF) or ``(P, D,
         H, W)``. Stored as float32; values are non-negative event counts
         per time step.
-    labels : np.ndarray
-        Integer class labels of shape ``(N,)``, each in ``[0, num_classes)``.
+      labels: Integer class labels of shape ``(N,)``, each in ``[0, num_classes)``.
         Stored as int32.
-    num_classes : int
-        Number of classes.
-    name : str, optional
-        Human-readable dataset name.
-    class_names : sequence of str, optional
-        One name per class, in label order.
+      num_classes: Number of classes.
+      name: Human-readable dataset name.
+      class_names: One name per class, in label order.
 
-    Notes
-    -----
-    The stored arrays are read-only views; derive new datasets with
-    :meth:`subset` or :meth:`split` instead of modifying them in place.
+    Notes:
+      The stored arrays are read-only views; derive new datasets with
+      :meth:`subset` or :meth:`split` instead of modifying them in place.
     """
 
     events: np.ndarray
@@ -242,15 +218,11 @@ class EventDataset(FrameDataset):
     def subset(self, indices: Sequence[int] | np.ndarray) -> EventDataset:
         """Dataset made of the samples at ``indices``, in that order.
 
-        Parameters
-        ----------
-        indices : sequence of int or np.ndarray
-            Sample indices into this dataset, shape ``(M,)``.
+        Args:
+          indices: Sample indices into this dataset, shape ``(M,)``.
 
-        Returns
-        -------
-        EventDataset
-            New dataset with ``M`` samples and the same metadata.
+        Returns:
+          New dataset with ``M`` samples and the same metadata.
         """
         indices = index_array("indices", indices)
         return dataclasses.replace(

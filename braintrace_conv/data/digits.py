@@ -33,21 +33,15 @@ def saccade_path(T: int, substeps: int, amplitude: float) -> np.ndarray:
     ``T / 3`` time steps at constant speed. The path is shifted so that the
     triangle's centroid is at the origin.
 
-    Parameters
-    ----------
-    T : int
-        Number of time steps covered by the three saccades.
-    substeps : int
-        Samples per time step.
-    amplitude : float
-        Saccade amplitude, pixels.
+    Args:
+      T: Number of time steps covered by the three saccades.
+      substeps: Samples per time step.
+      amplitude: Saccade amplitude, pixels.
 
-    Returns
-    -------
-    np.ndarray
-        float64 displacements ``(row, col)`` in pixels of shape
-        ``(T * substeps + 1, 2)``, sampled at times ``s / substeps`` time
-        steps for ``s = 0 .. T * substeps``.
+    Returns:
+      float64 displacements ``(row, col)`` in pixels of shape
+      ``(T * substeps + 1, 2)``, sampled at times ``s / substeps`` time
+      steps for ``s = 0 .. T * substeps``.
     """
     T = integer("T", T, sign="positive")
     substeps = integer("substeps", substeps, sign="positive")
@@ -125,43 +119,28 @@ def digits_saccades(
     it is imaged ``substeps`` times per time step and converted to events by
     :func:`~braintrace_conv.data.moving_bars.dvs_events`.
 
-    Parameters
-    ----------
-    n_samples : int, optional
-        Number of digits ``N`` drawn without replacement from the 1797
+    Args:
+      n_samples: Number of digits ``N`` drawn without replacement from the 1797
         available; all of them (in shuffled order) if None.
-    T : int, optional
-        Time steps per sample; the three saccades take ``T / 3`` each.
-    size : (int, int), optional
-        Sensor height ``H`` and width ``W``, pixels.
-    digit_size : int, optional
-        Edge length of the magnified digit, pixels; between 8 and
+      T: Time steps per sample; the three saccades take ``T / 3`` each.
+      size: Sensor height ``H`` and width ``W``, pixels.
+      digit_size: Edge length of the magnified digit, pixels; between 8 and
         ``min(H, W)``.
-    saccade_amplitude : float, optional
-        Saccade amplitude, pixels.
-    jitter : float, optional
-        Per-sample digit offset, uniform in ``[-jitter, jitter]`` pixels
+      saccade_amplitude: Saccade amplitude, pixels.
+      jitter: Per-sample digit offset, uniform in ``[-jitter, jitter]`` pixels
         along each axis; non-negative.
-    substeps : int, optional
-        Rendered images per time step.
-    background : float, optional
-        Intensity of ink-free pixels relative to full ink, in ``(0, 1)``.
-    threshold : float, optional
-        DVS contrast threshold, natural log units.
-    seed : int, optional
-        Seed of the sample selection and offsets; equal arguments give
+      substeps: Rendered images per time step.
+      background: Intensity of ink-free pixels relative to full ink, in ``(0, 1)``.
+      threshold: DVS contrast threshold, natural log units.
+      seed: Seed of the sample selection and offsets; equal arguments give
         identical datasets.
 
-    Returns
-    -------
-    EventDataset
-        ``events`` float32 ``(N, T, 2, H, W)``, ``labels`` int32 ``(N,)``
-        with the digit ``0..9``, ``num_classes=10``.
+    Returns:
+      ``events`` float32 ``(N, T, 2, H, W)``, ``labels`` int32 ``(N,)``
+      with the digit ``0..9``, ``num_classes=10``.
 
-    Raises
-    ------
-    ImportError
-        If scikit-learn is not installed.
+    Raises:
+      ImportError: If scikit-learn is not installed.
     """
     T = integer("T", T, sign="positive")
     size = height_width("size", size)

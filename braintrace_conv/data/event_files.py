@@ -87,30 +87,22 @@ def from_tonic(
     ``tonic.datasets`` instance constructed without a transform. tonic is
     not imported. Every sample is read once.
 
-    Parameters
-    ----------
-    dataset : indexable
-        Source of ``(events, label)`` pairs; labels are scalar integers.
-    sensor_size : tuple of int, optional
-        Sensor size in tonic's order, e.g. ``(W, H, P)`` or ``(700, 1, 1)``;
+    Args:
+      dataset (indexable): Source of ``(events, label)`` pairs; labels are scalar
+        integers.
+      sensor_size: Sensor size in tonic's order, e.g. ``(W, H, P)`` or ``(700, 1, 1)``;
         defaults to ``dataset.sensor_size``.
-    num_classes : int, optional
-        Number of classes; defaults to ``len(dataset.classes)`` if
+      num_classes: Number of classes; defaults to ``len(dataset.classes)`` if
         present, else to the largest label plus one.
-    indices : sequence of int, optional
-        Samples to convert, in this order; all samples if None.
-    name : str, optional
-        Dataset name; defaults to the class name of ``dataset``.
-    **binning
-        ``n_time_bins``, ``time_window_us``, ``event_count``, ``t_start_us``
+      indices: Samples to convert, in this order; all samples if None.
+      name: Dataset name; defaults to the class name of ``dataset``.
+      **binning: ``n_time_bins``, ``time_window_us``, ``event_count``, ``t_start_us``
         of :func:`events_to_frames`; e.g. ``n_time_bins=T`` divides every
         recording into ``T`` equal bins.
 
-    Returns
-    -------
-    EventDataset
-        ``events`` float32 ``(N, T, *frame_shape)`` with the frame layout of
-        :func:`events_to_frames`, ``labels`` int32 ``(N,)``.
+    Returns:
+      ``events`` float32 ``(N, T, *frame_shape)`` with the frame layout of
+      :func:`events_to_frames`, ``labels`` int32 ``(N,)``.
     """
     to_frames = _tonic_binning(dataset, sensor_size, binning)
     if indices is None:
@@ -156,22 +148,16 @@ def stream_tonic(
     ``labels``, else ``dataset.targets`` (tonic's NMNIST, DVSGesture, ...),
     else one pass over the dataset reading every sample.
 
-    Parameters
-    ----------
-    dataset : indexable
-        ``len(dataset)`` and ``dataset[i] -> (events, label)`` as for
+    Args:
+      dataset (indexable): ``len(dataset)`` and ``dataset[i] -> (events, label)`` as for
         :func:`from_tonic`.
-    labels : sequence of int, optional
-        Class label of every sample, shape ``(N,)``.
-    sensor_size, num_classes, name, **binning
-        As for :func:`from_tonic`.
-    cache_size : int, optional
-        Samples whose frames stay in memory (LRU).
+      labels: Class label of every sample, shape ``(N,)``.
+      sensor_size, num_classes, name: As for :func:`from_tonic`.
+      **binning: As for :func:`from_tonic`.
+      cache_size: Samples whose frames stay in memory (LRU).
 
-    Returns
-    -------
-    StreamingEventDataset
-        Batches ``(T, B, *frame_shape)`` float32 and labels ``(B,)`` int32.
+    Returns:
+      Batches ``(T, B, *frame_shape)`` float32 and labels ``(B,)`` int32.
     """
     to_frames = _tonic_binning(dataset, sensor_size, binning)
     if labels is None:
@@ -331,24 +317,16 @@ def stream_directory(
     entries linking outside ``root`` (read) are each one warning with their
     count.
 
-    Parameters
-    ----------
-    root : str or pathlib.Path
-        Dataset directory.
-    sensor_size : tuple of int
-        Sensor size in tonic's order, e.g. ``(W, H, P)`` or ``(700, 1, 1)``.
-    name : str, optional
-        Dataset name; defaults to the directory name.
-    cache_size : int, optional
-        Samples whose frames stay in memory (LRU).
-    **binning
-        ``n_time_bins``, ``time_window_us``, ``event_count``, ``t_start_us``
+    Args:
+      root: Dataset directory.
+      sensor_size: Sensor size in tonic's order, e.g. ``(W, H, P)`` or ``(700, 1, 1)``.
+      name: Dataset name; defaults to the directory name.
+      cache_size: Samples whose frames stay in memory (LRU).
+      **binning: ``n_time_bins``, ``time_window_us``, ``event_count``, ``t_start_us``
         of :func:`events_to_frames`.
 
-    Returns
-    -------
-    StreamingEventDataset
-        ``sources`` the file paths, ``class_names`` the sub-directory names.
+    Returns:
+      ``sources`` the file paths, ``class_names`` the sub-directory names.
     """
     to_frames = Binning.from_keywords(sensor_size, binning)
     root = Path(root)
@@ -389,11 +367,9 @@ def from_directory(
     The layout and arguments are those of :func:`stream_directory`; every
     file is read once.
 
-    Returns
-    -------
-    EventDataset
-        ``events`` float32 ``(N, T, *frame_shape)``, ``labels`` int32
-        ``(N,)``, ``class_names`` the sub-directory names.
+    Returns:
+      ``events`` float32 ``(N, T, *frame_shape)``, ``labels`` int32
+      ``(N,)``, ``class_names`` the sub-directory names.
     """
     return stream_directory(
         root, sensor_size=sensor_size, name=name, cache_size=1, **binning

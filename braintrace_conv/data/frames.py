@@ -75,42 +75,30 @@ def events_to_frames(
     include_incomplete=True`` equals ``event_count=c``; ``n_event_bins=n``
     equals ``event_count=E // n, n_time_bins=n``.
 
-    Parameters
-    ----------
-    events : np.ndarray
-        Structured array of shape ``(E,)`` with numeric fields ``t``
+    Args:
+      events: Structured array of shape ``(E,)`` with numeric fields ``t``
         (microseconds, any order), integer-valued coordinates ``x``
         (``0 <= x < X``), optionally ``y`` and ``z``, and the polarity
         ``p`` (0/1, -1/1 or bool, 1 / True is ON). Other fields are ignored.
-    sensor_size : tuple of int
-        ``(X, P)`` or ``(X, 1, P)`` for events without ``y``, ``(X, Y, P)``
+      sensor_size: ``(X, P)`` or ``(X, 1, P)`` for events without ``y``, ``(X, Y, P)``
         with ``y``, ``(X, Y, Z, P)`` with ``z``; ``P`` is 1 or 2.
-    n_time_bins : int, optional
-        Number of time bins ``T``.
-    time_window_us : float, optional
-        Width of each time bin, microseconds.
-    event_count : int, optional
-        Number of events per bin.
-    t_start_us : float, optional
-        Start of the first bin, microseconds; default the earliest event.
+      n_time_bins: Number of time bins ``T``.
+      time_window_us: Width of each time bin, microseconds.
+      event_count: Number of events per bin.
+      t_start_us: Start of the first bin, microseconds; default the earliest event.
 
-    Returns
-    -------
-    np.ndarray
-        float32 event counts of shape ``(T, P, *spatial)`` with ``spatial``
-        the sensor extents in reverse order: ``(T, P, X)``, ``(T, P, Y, X)``
-        or ``(T, P, Z, Y, X)``. With no events, ``T = n_time_bins`` zero
-        frames, or ``T = 0`` without ``n_time_bins``.
+    Returns:
+      float32 event counts of shape ``(T, P, *spatial)`` with ``spatial``
+      the sensor extents in reverse order: ``(T, P, X)``, ``(T, P, Y, X)``
+      or ``(T, P, Z, Y, X)``. With no events, ``T = n_time_bins`` zero
+      frames, or ``T = 0`` without ``n_time_bins``.
 
-    Raises
-    ------
-    ValueError
-        No binning or ``time_window_us`` with ``event_count``; a
+    Raises:
+      ValueError: No binning or ``time_window_us`` with ``event_count``; a
         ``sensor_size`` that does not fit the coordinate fields; events
         outside the sensor, non-integer coordinates, or polarities not
         coded as above (or more than one with ``P = 1``).
-    TypeError
-        ``events`` not a structured array, non-numeric fields.
+      TypeError: ``events`` not a structured array, non-numeric fields.
     """
     return Binning(
         sensor_size=sensor_size,

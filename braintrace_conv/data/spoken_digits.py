@@ -85,50 +85,33 @@ def synthetic_shd(
 ) -> tuple[EventDataset, list[np.ndarray]]:
     """Draw an SHD-like data set of spoken-word spike trains (see the module docstring).
 
-    Parameters
-    ----------
-    n_samples : int
-        Number of samples ``N``; classes are balanced (each appears
+    Args:
+      n_samples: Number of samples ``N``; classes are balanced (each appears
         ``N // num_classes`` or one more times) and shuffled.
-    num_classes : int, optional
-        Number of words (classes).
-    n_channels : int, optional
-        Number of channels ``C`` (SHD: 700).
-    T : int, optional
-        Time steps of the frames; each bins ``duration_ms / T`` ms.
-    duration_ms : float, optional
-        Recording length, ms; every event lies in ``[0, duration_ms)``.
-    speed : (float, float), optional
-        Range of the factor scaling a word's duration (nominally 60 % of
+      num_classes: Number of words (classes).
+      n_channels: Number of channels ``C`` (SHD: 700).
+      T: Time steps of the frames; each bins ``duration_ms / T`` ms.
+      duration_ms: Recording length, ms; every event lies in ``[0, duration_ms)``.
+      speed: Range of the factor scaling a word's duration (nominally 60 % of
         the recording, so the upper bound must stay below 1 / 0.6).
-    channel_shift : int, optional
-        A sample's spectrum is shifted by an integer number of channels
+      channel_shift: A sample's spectrum is shifted by an integer number of channels
         drawn uniformly from ``[-channel_shift, channel_shift]``.
-    formant_jitter : float, optional
-        Standard deviation of each formant's extra offset, channels.
-    band_width : float, optional
-        Standard deviation of a band's spread across channels.
-    band_rate_hz : float, optional
-        Peak firing rate of a band's centre channel, Hz.
-    background_hz : float, optional
-        Background firing rate of every channel, Hz.
-    template_seed : int, optional
-        Seed of the class words; keep it fixed to draw train and test sets
+      formant_jitter: Standard deviation of each formant's extra offset, channels.
+      band_width: Standard deviation of a band's spread across channels.
+      band_rate_hz: Peak firing rate of a band's centre channel, Hz.
+      background_hz: Background firing rate of every channel, Hz.
+      template_seed: Seed of the class words; keep it fixed to draw train and test sets
         of the same classes from different ``seed`` values.
-    seed : int, optional
-        Seed of the samples.
+      seed: Seed of the samples.
 
-    Returns
-    -------
-    dataset : EventDataset
-        ``events`` float32 ``(N, T, 1, C)`` spike counts per bin (bins
-        ``[k d, (k + 1) d)`` with ``d = duration_ms / T``), ``labels`` int32
-        ``(N,)``, ``num_classes`` classes.
-    events : list of np.ndarray
-        The ``N`` recordings, structured arrays of :data:`EVENT_DTYPE`
-        sorted by time; ``events_to_frames(events[i], sensor_size=(C, 1,
-        1), time_window_us=1000 * duration_ms / T, n_time_bins=T,
-        t_start_us=0)`` gives ``dataset.events[i]``.
+    Returns:
+      ``(dataset, events)``: ``dataset`` an :class:`EventDataset` with ``events``
+      float32 ``(N, T, 1, C)`` spike counts per bin (bins ``[k d, (k + 1) d)``
+      with ``d = duration_ms / T``), ``labels`` int32 ``(N,)``, ``num_classes``
+      classes; ``events`` a list of the ``N`` recordings, structured arrays of
+      :data:`EVENT_DTYPE` sorted by time; ``events_to_frames(events[i],
+      sensor_size=(C, 1, 1), time_window_us=1000 * duration_ms / T,
+      n_time_bins=T, t_start_us=0)`` gives ``dataset.events[i]``.
     """
     n_samples = integer("n_samples", n_samples, sign="positive")
     num_classes = integer("num_classes", num_classes, sign="positive")

@@ -85,35 +85,25 @@ class _Source:
 class StreamingEventDataset(FrameDataset):
     """Labelled event recordings binned into frames when a batch needs them.
 
-    Parameters
-    ----------
-    sources : sequence
-        ``N`` sample sources, each passed to ``read`` (file paths, indices
+    Args:
+      sources: ``N`` sample sources, each passed to ``read`` (file paths, indices
         into another dataset, ...).
-    labels : array_like of int
-        Class labels, shape ``(N,)``, in ``[0, num_classes)``.
-    read : callable
-        ``read(source) -> events``: the structured event array of one sample.
-    to_frames : callable
-        ``to_frames(events) -> frames``: float32 ``(T, *frame_shape)``, the
+      labels (array_like of int): Class labels, shape ``(N,)``, in ``[0, num_classes)``.
+      read: ``read(source) -> events``: the structured event array of one sample.
+      to_frames: ``to_frames(events) -> frames``: float32 ``(T, *frame_shape)``, the
         same shape for every sample, e.g. ``functools.partial(
         events_to_frames, sensor_size=(700, 1, 1), time_window_us=1e4,
         n_time_bins=100, t_start_us=0)``.
-    num_classes : int
-        Number of classes.
-    name : str, optional
-        Human-readable dataset name.
-    class_names : sequence of str, optional
-        One name per class, in label order.
-    cache_size : int, optional
-        Number of samples whose frames are kept (least recently used are
+      num_classes: Number of classes.
+      name: Human-readable dataset name.
+      class_names: One name per class, in label order.
+      cache_size: Number of samples whose frames are kept (least recently used are
         evicted first); 0 keeps none. Subsets and splits share this cache.
 
-    Notes
-    -----
-    The first sample is read at construction to learn ``num_steps`` and
-    ``frame_shape`` (and to fail early on a wrong ``read`` or
-    ``to_frames``); every later sample must give frames of that shape.
+    Notes:
+      The first sample is read at construction to learn ``num_steps`` and
+      ``frame_shape`` (and to fail early on a wrong ``read`` or
+      ``to_frames``); every later sample must give frames of that shape.
     """
 
     def __init__(
