@@ -108,12 +108,9 @@ def write(path: Union[str, os.PathLike], arrays: Mapping[str, np.ndarray], meta:
 def read(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
     """``(arrays, meta)`` of the checkpoint at ``path``, after checking its digest and format.
 
-    Raises
-    ------
-    FileNotFoundError
-        If there is no file at ``path``.
-    CheckpointError
-        If the file is not a checkpoint archive (e.g. a pickle, which is never
+    Raises:
+      FileNotFoundError: If there is no file at ``path``.
+      CheckpointError: If the file is not a checkpoint archive (e.g. a pickle, which is never
         loaded), is truncated or corrupt (digest mismatch), or has another format.
     """
     path = Path(path)

@@ -105,15 +105,11 @@ def _summary_writer(directory: Path, tensorboard: Optional[bool], purge_step: in
 class ScalarLog:
     """Per-step scalars of a run: ``scalars.csv`` and, when available, TensorBoard.
 
-    Parameters
-    ----------
-    directory : path
-        The run directory (must exist).
-    start_step : int
-        Update count of the state the run starts from (0 for a new run, the
+    Args:
+      directory: The run directory (must exist).
+      start_step: Update count of the state the run starts from (0 for a new run, the
         checkpoint's for a resumed one); rows logged after it are dropped.
-    tensorboard : bool, optional
-        Also write TensorBoard events: ``None`` when ``tensorboardX`` is
+      tensorboard: Also write TensorBoard events: ``None`` when ``tensorboardX`` is
         installed, ``True`` always (error without it), ``False`` never.
     """
 

@@ -37,13 +37,10 @@ def device_mesh(devices: Devices = None) -> Mesh:
     """The mesh of ``devices``: ``None`` all of ``jax.devices()``, an int ``n`` the first
     ``n`` of them, or a sequence of distinct ``jax.Device``.
 
-    Raises
-    ------
-    ValueError
-        ``n`` is not between 1 and the number of devices, a device repeats, or
+    Raises:
+      ValueError: ``n`` is not between 1 and the number of devices, a device repeats, or
         (with several processes) the mesh has no device of this process.
-    TypeError
-        ``devices`` is neither ``None``, an int nor a sequence of devices.
+      TypeError: ``devices`` is neither ``None``, an int nor a sequence of devices.
     """
     available = jax.devices()
     if devices is None:
@@ -81,12 +78,9 @@ class DataParallel:
     exactly as a plain single-device computation leaves them, so jitted steps
     see one placement and compile once.
 
-    Attributes
-    ----------
-    mesh : jax.sharding.Mesh
-        One-axis mesh (axis ``'batch'``).
-    devices : tuple of jax.Device
-        Its devices, in order.
+    Attributes:
+      mesh (jax.sharding.Mesh): One-axis mesh (axis ``'batch'``).
+      devices (tuple of jax.Device): Its devices, in order.
     """
 
     def __init__(self, devices: Devices = None):

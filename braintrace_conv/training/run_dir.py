@@ -298,17 +298,13 @@ def locked(directory: Union[str, os.PathLike]):
 def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) -> Path:
     """Check, without changing anything, that a run may be written to ``directory``.
 
-    Raises
-    ------
-    ValueError
-        ``resume`` and ``overwrite`` together, ``directory`` is an empty path, a
+    Raises:
+      ValueError: ``resume`` and ``overwrite`` together, ``directory`` is an empty path, a
         dangling link or not a directory, or (``resume``) run files in it are links.
-    FileNotFoundError
-        ``resume`` without a :data:`LAST_CHECKPOINT` in ``directory``.
-    FileExistsError
-        ``directory`` holds a run and neither ``resume`` nor ``overwrite`` is set.
-    RunLockedError
-        Another process is writing a run in ``directory``.
+      FileNotFoundError: ``resume`` without a :data:`LAST_CHECKPOINT` in ``directory``.
+      FileExistsError: ``directory`` holds a run and neither ``resume`` nor ``overwrite`` is
+        set.
+      RunLockedError: Another process is writing a run in ``directory``.
     """
     if resume and overwrite:
         raise ValueError('resume and overwrite exclude each other: continue the run in the '

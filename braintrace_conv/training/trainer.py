@@ -140,72 +140,49 @@ class Trainer:
     See the module docstring for the data layout, the loss, the update
     schedule, units and non-finite values.
 
-    Parameters
-    ----------
-    learner : Learner
-        An executor wrapping the model, e.g. ``ES_D_RTRL(model, decay)``.
-    optimizer : optax.GradientTransformation, optional
-        Applied to the parameters' mantissas, keyed like
+    Args:
+      learner: An executor wrapping the model, e.g. ``ES_D_RTRL(model, decay)``.
+      optimizer: Applied to the parameters' mantissas, keyed like
         ``model.states(brainstate.ParamState)``. ``None`` makes an
         inference-only trainer (:meth:`evaluate`, :meth:`load_params`).
-    loss : str, default 'every_step'
-        One of :data:`~braintrace_conv.training.loss.LOSSES`:
+      loss: One of :data:`~braintrace_conv.training.loss.LOSSES`:
         ``'every_step'``, ``'final'``, ``'count_ce'``, ``'count_mse'``,
         ``'max_membrane'``, ``'mean_membrane'`` (defined in
         :mod:`braintrace_conv.training.loss`); it also sets the prediction.
-    final_steps : int, default 1
-        With ``loss='final'``, the number ``k`` of last steps weighted.
-    target_rates : (float, float), default (0.8, 0.2)
-        With ``loss='count_mse'``, the target rate per step of the true class
-        and of the other classes.
-    rate_targets : dict, optional
-        ``{layer name: target rate}``: add the firing-rate regulariser of
+      final_steps: With ``loss='final'``, the number ``k`` of last steps weighted.
+      target_rates ((float, float)): With ``loss='count_mse'``, the target rate per step of the
+        true class and of the other classes.
+      rate_targets: ``{layer name: target rate}``: add the firing-rate regulariser of
         :mod:`braintrace_conv.training.loss` for these layers, whose spikes
         the model returns with its scores (module docstring).
-    rate_strength : float, default 1.0
-        The weight lambda of the regulariser.
-    update_every : int, optional
-        ``None``: one update per batch of sequences; ``k``: truly online,
+      rate_strength: The weight lambda of the regulariser.
+      update_every: ``None``: one update per batch of sequences; ``k``: truly online,
         one update every ``k`` steps (only with ``'every_step'`` and
         ``'final'`` and no ``rate_targets``: the others need the whole
         sequence).
-    nonfinite : {'skip', 'raise'}, default 'skip'
-        An update with a non-finite loss, gradient or result is never
-        applied: ``'skip'`` counts it in :attr:`skipped_updates` and warns,
-        ``'raise'`` raises ``FloatingPointError``.
-    devices : None, int or sequence of jax.Device, optional
-        Data-parallel devices: ``None`` all of ``jax.devices()``, ``n`` the
-        first ``n``, or the given devices. Parameters and optimiser state are
-        replicated on each; batches are split along ``B``, which must be a
-        multiple of their number (module docstring). The result does not
-        depend on the number of devices except through the order in which
-        the gradient's batch sum is added up (floating-point rounding).
+      nonfinite ({'skip', 'raise'}): An update with a non-finite loss, gradient or result is
+        never applied: ``'skip'`` counts it in :attr:`skipped_updates` and warns, ``'raise'``
+        raises ``FloatingPointError``.
+      devices (None, int or sequence of jax.Device): Data-parallel devices: ``None`` all of
+        ``jax.devices()``, ``n`` the first ``n``, or the given devices. Parameters and
+        optimiser state are replicated on each; batches are split along ``B``, which must be a
+        multiple of their number (module docstring). The result does not depend on the number
+        of devices except through the order in which the gradient's batch sum is added up
+        (floating-point rounding).
 
-    Attributes
-    ----------
-    devices : tuple of jax.Device
-        The devices of :attr:`mesh`, in order.
-    mesh : jax.sharding.Mesh
-        One-axis mesh (axis ``'batch'``) the batches are split over.
-    epoch : int
-        Completed training epochs.
-    step : int
-        Optimiser updates attempted (applied or skipped).
-    skipped_updates : int
-        Updates skipped for non-finite values.
-    history : list of dict
-        One record per completed epoch (see :meth:`fit`).
-    best : dict or None
-        ``epoch`` and ``test_accuracy`` of the best evaluated epoch so far.
-    run_config : dict
-        The caller's description of the run (``fit(run_config=...)``),
+    Attributes:
+      devices (tuple of jax.Device): The devices of :attr:`mesh`, in order.
+      mesh (jax.sharding.Mesh): One-axis mesh (axis ``'batch'``) the batches are split over.
+      epoch (int): Completed training epochs.
+      step (int): Optimiser updates attempted (applied or skipped).
+      skipped_updates (int): Updates skipped for non-finite values.
+      history (list of dict): One record per completed epoch (see :meth:`fit`).
+      best (dict or None): ``epoch`` and ``test_accuracy`` of the best evaluated epoch so far.
+      run_config (dict): The caller's description of the run (``fit(run_config=...)``),
         stored in checkpoints and compared on resume.
-    spiking_layers : dict
-        Name (dotted path in the model) -> neuron module with ``spike()`` or
-        ``get_spike()``, whose spike rates :meth:`evaluate` reports (module
-        docstring).
-    opt_state
-        The optimiser state (``None`` without an optimiser).
+      spiking_layers (dict): Name (dotted path in the model) -> neuron module with ``spike()``
+        or ``get_spike()``, whose spike rates :meth:`evaluate` reports (module docstring).
+      opt_state: The optimiser state (``None`` without an optimiser).
     """
 
     def __init__(self, learner: Learner, optimizer: Optional[optax.GradientTransformation] = None,
@@ -499,26 +476,21 @@ class Trainer:
     def evaluate(self, dataset, batch_size: int = 64) -> dict:
         """Loss, accuracy and spike rates of the current parameters on ``dataset``.
 
-        Parameters
-        ----------
-        dataset : FrameDataset
-            Samples ``(N, T, *frame_shape)`` with labels ``(N,)``, checked
-            against the model first.
-        batch_size : int, default 64
-            Sequences per forward pass (``Learner.predict``), split over the
+        Args:
+          dataset (FrameDataset): Samples ``(N, T, *frame_shape)`` with labels ``(N,)``,
+            checked against the model first.
+          batch_size: Sequences per forward pass (``Learner.predict``), split over the
             devices. Every batch, the last one included, is zero-padded to
             ``batch_size`` (at most the number of samples) rounded up to a
             multiple of the number of devices; the padding is excluded from
             every figure.
 
-        Returns
-        -------
-        dict
-            ``loss``: mean sequence loss; ``accuracy``: fraction in [0, 1] of
-            correct predictions; ``spike_rates``: per spiking layer name (the
-            neuron modules of :attr:`spiking_layers`, then the layers whose
-            spikes the model returns), the mean number of spikes per neuron
-            and time step (over all samples and steps).
+        Returns:
+          dict: ``loss``: mean sequence loss; ``accuracy``: fraction in [0, 1] of
+          correct predictions; ``spike_rates``: per spiking layer name (the
+          neuron modules of :attr:`spiking_layers`, then the layers whose
+          spikes the model returns), the mean number of spikes per neuron
+          and time step (over all samples and steps).
         """
         batch_size = positive('batch_size', batch_size)
         self._check_dataset('dataset', dataset)
@@ -571,27 +543,20 @@ class Trainer:
         which another process is writing a run (it holds the directory's lock,
         :func:`~braintrace_conv.training.run_dir.locked`).
 
-        Parameters
-        ----------
-        train_dataset, eval_dataset : FrameDataset
-            Samples ``(N, T, *frame_shape)``, labels ``(N,)``.
-        epochs : int
-            Total number of epochs; training continues from :attr:`epoch`
+        Args:
+          train_dataset, eval_dataset (FrameDataset): Samples ``(N, T, *frame_shape)``, labels
+            ``(N,)``.
+          epochs: Total number of epochs; training continues from :attr:`epoch`
             (non-zero after a restore), so a finished run does nothing.
-        batch_size : int
-            Sequences per batch, at most ``len(train_dataset)`` and a multiple
+          batch_size: Sequences per batch, at most ``len(train_dataset)`` and a multiple
             of the number of devices.
-        seed : int, default 0
-            Seeds the shuffling generator when the trainer has none yet (a
+          seed: Seeds the shuffling generator when the trainer has none yet (a
             restored checkpoint brings its own generator state).
-        eval_batch_size : int, optional
-            Batch size of the evaluation (any size: see :meth:`evaluate`);
+          eval_batch_size: Batch size of the evaluation (any size: see :meth:`evaluate`);
             default ``batch_size``.
-        out_dir : path, optional
-            Run directory (created if needed). With several processes, only
+          out_dir: Run directory (created if needed). With several processes, only
             process 0 writes to it; resuming needs it visible to every process.
-        resume : bool, default False
-            Continue the run in ``out_dir`` from its last checkpoint (which
+          resume: Continue the run in ``out_dir`` from its last checkpoint (which
             must exist), so an interrupted run ends exactly as an
             uninterrupted one. The checkpoint's trainer settings, datasets,
             ``batch_size``, ``seed`` and ``run_config`` must equal the given
@@ -608,28 +573,21 @@ class Trainer:
             run killed after its last checkpoint are repaired first. The number
             of devices may differ (a warning says so): the run then equals an
             uninterrupted one up to the rounding of the gradient's batch sum.
-        overwrite : bool, default False
-            Replace the run in ``out_dir``: its run files are removed, all or
+          overwrite: Replace the run in ``out_dir``: its run files are removed, all or
             nothing (a file that cannot be moved aside is an ``OSError``
             naming it, and the run is left as it was).
-        run_config : dict, optional
-            JSON-able description of the run (e.g. the command-line options),
+          run_config: JSON-able description of the run (e.g. the command-line options),
             stored in checkpoints and ``metrics.json``.
-        log_every : int, default 1
-            Batches between rows of ``scalars.csv``.
-        tensorboard : bool, optional
-            TensorBoard events too: ``None`` when ``tensorboardX`` is installed.
-        progress : bool, default True
-            Show a tqdm bar per epoch (in a notebook or on a terminal only)
+          log_every: Batches between rows of ``scalars.csv``.
+          tensorboard: TensorBoard events too: ``None`` when ``tensorboardX`` is installed.
+          progress: Show a tqdm bar per epoch (in a notebook or on a terminal only)
             and print one summary line per epoch.
 
-        Returns
-        -------
-        list of dict
-            :attr:`history`: per epoch ``epoch``, ``train_loss`` (mean over
-            batches with a finite loss), ``train_accuracy``,
-            ``skipped_updates``, ``epoch_time_s`` and, with an
-            ``eval_dataset``, ``test_loss``, ``test_accuracy``, ``spike_rates``.
+        Returns:
+          list of dict: :attr:`history`: per epoch ``epoch``, ``train_loss`` (mean over
+          batches with a finite loss), ``train_accuracy``,
+          ``skipped_updates``, ``epoch_time_s`` and, with an
+          ``eval_dataset``, ``test_loss``, ``test_accuracy``, ``spike_rates``.
         """
         self._require_optimizer('fit')
         epochs = positive('epochs', epochs)
@@ -809,12 +767,9 @@ class Trainer:
         structure, and the generator states. Also restores
         ``brainstate.random``'s key.
 
-        Raises
-        ------
-        FileNotFoundError
-            No file at ``path``.
-        CheckpointError
-            The file is not a valid checkpoint or does not fit this trainer
+        Raises:
+          FileNotFoundError: No file at ``path``.
+          CheckpointError: The file is not a valid checkpoint or does not fit this trainer
             (:class:`~braintrace_conv.training.checkpoint.ConfigMismatchError`
             names the settings that differ).
         """
@@ -870,21 +825,16 @@ class Trainer:
     def load_params(self, path: Union[str, os.PathLike], which: Optional[str] = None) -> dict:
         """Load only the parameters of a checkpoint, for inference (no optimiser needed).
 
-        Parameters
-        ----------
-        path : path
-            A checkpoint file, or a run directory.
-        which : {'best', 'last'}, optional
-            In a run directory, which checkpoint; default the best if the run
-            has one (it was evaluated), else the last.
+        Args:
+          path: A checkpoint file, or a run directory.
+          which ({'best', 'last'}): In a run directory, which checkpoint; default the best if
+            the run has one (it was evaluated), else the last.
 
-        Returns
-        -------
-        dict
-            The checkpoint's metadata (``epoch``, ``history``, ``trainer``,
-            ``run``, ...). Names, shapes and units must match the model;
-            floating values are cast to the model's dtype. Nothing changes
-            unless everything matches.
+        Returns:
+          The checkpoint's metadata (``epoch``, ``history``, ``trainer``,
+          ``run``, ...). Names, shapes and units must match the model;
+          floating values are cast to the model's dtype. Nothing changes
+          unless everything matches.
         """
         file = run_dir.checkpoint_file(path, which)
         arrays, meta = checkpoint.read(file)
