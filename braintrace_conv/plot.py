@@ -80,27 +80,19 @@ def event_frames(events, *, steps: Optional[Sequence[int]] = None, ncols: int = 
                  dt=None, title: Optional[str] = None, panel_size: float = 1.4):
     """A grid of event frames of one sample, ON minus OFF events per pixel.
 
-    Parameters
-    ----------
-    events : array, shape ``(T, 2, H, W)``
-        One sample as produced by :mod:`braintrace_conv.data`: time steps,
-        polarity (0 = ON, 1 = OFF), rows, columns.
-    steps : sequence of int, optional
-        Which time steps to draw (default: all ``T``).
-    ncols : int, default 8
-        Frames per row.
-    dt : None, float or time quantity
-        Step length, for the panel titles (see the module docstring).
-    title : str, optional
-        Figure title.
-    panel_size : float, default 1.4
-        Width and height of one frame, inches.
+    Args:
+      events (array, shape ``(T, 2, H, W)``): One sample as produced by
+        :mod:`braintrace_conv.data`: time steps, polarity (0 = ON, 1 = OFF), rows, columns.
+      steps: Which time steps to draw (default: all ``T``).
+      ncols: Frames per row.
+      dt (None, float or time quantity): Step length, for the panel titles (see the module
+        docstring).
+      title: Figure title.
+      panel_size: Width and height of one frame, inches.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        One axes per drawn step, each an ``(H, W)`` image of ``ON - OFF``
-        on a diverging scale shared by all frames (red: ON, blue: OFF).
+    Returns:
+      One axes per drawn step, each an ``(H, W)`` image of ``ON - OFF``
+      on a diverging scale shared by all frames (red: ON, blue: OFF).
     """
     events = _array('events', events, (4,))
     if events.shape[1] != 2:
@@ -137,27 +129,19 @@ def spike_raster(spikes, *, dt=None, max_neurons: Optional[int] = None, ax=None,
                  title: Optional[str] = None, **scatter_kwargs):
     """Spike raster: one dot per (time step, neuron) with a spike.
 
-    Parameters
-    ----------
-    spikes : array, shape ``(T, N)`` or ``(T, *neuron_shape)``
-        Spikes of one sample over time; any non-zero entry is a spike.
-        Neurons are numbered in row-major order of ``neuron_shape``.
-    dt : None, float or time quantity
-        Step length (see the module docstring).
-    max_neurons : int, optional
-        Draw only neurons ``0 .. max_neurons - 1``.
-    ax : matplotlib Axes, optional
-        Where to draw (default: a new figure).
-    title : str, optional
-        Axes title.
-    **scatter_kwargs
-        Passed to :meth:`~matplotlib.axes.Axes.scatter`.
+    Args:
+      spikes (array, shape ``(T, N)`` or ``(T, *neuron_shape)``): Spikes of one sample over
+        time; any non-zero entry is a spike. Neurons are numbered in row-major order of
+        ``neuron_shape``.
+      dt (None, float or time quantity): Step length (see the module docstring).
+      max_neurons: Draw only neurons ``0 .. max_neurons - 1``.
+      ax (matplotlib Axes): Where to draw (default: a new figure).
+      title: Axes title.
+      **scatter_kwargs: Passed to :meth:`~matplotlib.axes.Axes.scatter`.
 
-    Returns
-    -------
-    matplotlib.axes.Axes
-        Its first collection holds the ``(num_spikes, 2)`` offsets
-        ``(time, neuron index)``.
+    Returns:
+      Its first collection holds the ``(num_spikes, 2)`` offsets
+      ``(time, neuron index)``.
     """
     spikes = _array('spikes', spikes)
     if spikes.ndim < 2:
@@ -183,36 +167,23 @@ def membrane_trace(v, *, threshold=None, spikes=None, dt=None, labels=None, ax=N
                    ylabel: str = 'V', title: Optional[str] = None):
     """Membrane potential (or any state, e.g. a synaptic current) of a few neurons over time.
 
-    Parameters
-    ----------
-    v : array or quantity, shape ``(T,)`` or ``(T, K)``
-        Potential of ``K`` neurons (one line each). A saiunit quantity sets
-        the unit of the axis.
-    threshold : float or quantity, optional
-        Drawn as a dashed line; must have the unit of ``v`` (a plain number
-        when ``v`` is plain).
-    spikes : array, shape like ``v``, optional
-        Non-zero entries are marked on the trace.
-    dt : None, float or time quantity
-        Step length (see the module docstring).
-    labels : sequence of ``K`` str, optional
-        Legend entries.
-    ax : matplotlib Axes, optional
-        Where to draw (default: a new figure).
-    ylabel : str, default 'V'
-        Name on the vertical axis; the unit of ``v`` is appended.
-    title : str, optional
-        Axes title.
+    Args:
+      v (array or quantity, shape ``(T,)`` or ``(T, K)``): Potential of ``K`` neurons (one line
+        each). A saiunit quantity sets the unit of the axis.
+      threshold (float or quantity): Drawn as a dashed line; must have the unit of ``v`` (a
+        plain number when ``v`` is plain).
+      spikes (array, shape like ``v``): Non-zero entries are marked on the trace.
+      dt (None, float or time quantity): Step length (see the module docstring).
+      labels (sequence of ``K`` str): Legend entries.
+      ax (matplotlib Axes): Where to draw (default: a new figure).
+      ylabel: Name on the vertical axis; the unit of ``v`` is appended.
+      title: Axes title.
 
-    Returns
-    -------
-    matplotlib.axes.Axes
-        Its first ``K`` lines are the traces, each with ``T`` points.
+    Returns:
+      Its first ``K`` lines are the traces, each with ``T`` points.
 
-    Raises
-    ------
-    saiunit.DimensionMismatchError
-        ``threshold`` and ``v`` have different dimensions.
+    Raises:
+      saiunit.DimensionMismatchError: ``threshold`` and ``v`` have different dimensions.
     """
     unit = u.get_unit(v) if isinstance(v, u.Quantity) else None
     raw = _array('v', u.get_mantissa(v) if unit is not None else v, (1, 2))
@@ -263,25 +234,18 @@ def learning_curve(history: Sequence[Mapping], *, x: str = 'epoch',
                    title: Optional[str] = None):
     """Curves of logged quantities, one panel per group of keys.
 
-    Parameters
-    ----------
-    history : sequence of dict
-        One record per point, e.g. :attr:`braintrace_conv.Trainer.history`
+    Args:
+      history: One record per point, e.g. :attr:`braintrace_conv.Trainer.history`
         (keys ``epoch``, ``train_loss``, ``train_accuracy``, ``test_loss``,
         ``test_accuracy``) or any list of dicts of numbers.
-    x : str, default 'epoch'
-        Key of the horizontal axis; every record must have it.
-    panels : sequence of sequences of str
-        Keys drawn together in one panel. A key absent from every record is
+      x: Key of the horizontal axis; every record must have it.
+      panels: Keys drawn together in one panel. A key absent from every record is
         skipped; a panel with no key present is an error. A panel whose keys
         contain ``accuracy`` gets the range ``[0, 1]``.
-    title : str, optional
-        Figure title.
+      title: Figure title.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        One axes per panel; each line has one point per record holding its key.
+    Returns:
+      One axes per panel; each line has one point per record holding its key.
     """
     records = list(history)
     if not records or not all(isinstance(r, Mapping) for r in records):
@@ -316,19 +280,15 @@ def learning_curve(history: Sequence[Mapping], *, x: str = 'epoch',
 def gradient_fidelity(grads: Mapping, reference: Mapping) -> dict:
     """Cosine similarity and relative error of each parameter's gradient to a reference.
 
-    Parameters
-    ----------
-    grads, reference : dict
-        Gradients keyed like ``model.states(brainstate.ParamState)`` (as
+    Args:
+      grads, reference: Gradients keyed like ``model.states(brainstate.ParamState)`` (as
         returned by ``learner.value_and_grad``), the reference usually from
         :class:`~braintrace_conv.BPTT`. Each value may be any pytree of arrays.
 
-    Returns
-    -------
-    dict
-        ``{name: {'cosine': c, 'relative_error': e}}`` with ``name`` the
-        dotted key, ``c = <g, r> / (|g| |r|)`` and ``e = |g - r| / |r|``
-        over all entries of the parameter (``nan`` where ``|r| = 0``).
+    Returns:
+      ``{name: {'cosine': c, 'relative_error': e}}`` with ``name`` the
+      dotted key, ``c = <g, r> / (|g| |r|)`` and ``e = |g - r| / |r|``
+      over all entries of the parameter (``nan`` where ``|r| = 0``).
     """
     if set(grads) != set(reference):
         raise ValueError(f'grads and reference must have the same parameters; only in grads: '
@@ -353,24 +313,17 @@ def fidelity_bars(fidelity: Mapping[str, Mapping[str, Mapping[str, float]]], *,
                   metric: str = 'relative_error', ax=None, title: Optional[str] = None):
     """Grouped bars of one fidelity measure per parameter, one bar per method.
 
-    Parameters
-    ----------
-    fidelity : dict
-        ``{method: gradient_fidelity(...)}``, e.g. ``{'D-RTRL': ..., 'ES-D-RTRL': ...}``;
-        every method must list the same parameters.
-    metric : {'relative_error', 'cosine'}, default 'relative_error'
-        The relative error is drawn on a log scale (values are clipped
-        below at 1e-17 so exact gradients stay visible).
-    ax : matplotlib Axes, optional
-        Where to draw (default: a new figure).
-    title : str, optional
-        Axes title.
+    Args:
+      fidelity: ``{method: gradient_fidelity(...)}``, e.g. ``{'D-RTRL': ..., 'ES-D-RTRL':
+        ...}``; every method must list the same parameters.
+      metric ({'relative_error', 'cosine'}): The relative error is drawn on a log scale (values
+        are clipped below at 1e-17 so exact gradients stay visible).
+      ax (matplotlib Axes): Where to draw (default: a new figure).
+      title: Axes title.
 
-    Returns
-    -------
-    matplotlib.axes.Axes
-        Its containers are one bar group per method, each with one bar per
-        parameter, in the order of the first method's parameters.
+    Returns:
+      Its containers are one bar group per method, each with one bar per
+      parameter, in the order of the first method's parameters.
     """
     if metric not in ('relative_error', 'cosine'):
         raise ValueError(f"metric must be 'relative_error' or 'cosine', got {metric!r}.")
