@@ -89,24 +89,18 @@ def dvs_events(log_intensity: np.ndarray, *, threshold: float, substeps: int) ->
     discarded). Events are summed over groups of ``substeps`` consecutive
     images to form one time step.
 
-    Parameters
-    ----------
-    log_intensity : np.ndarray
-        Natural-log intensity of shape ``(N, S + 1, H, W)``: ``N`` videos of
-        ``S + 1`` images sampled at equal intervals. ``S`` must be a
-        multiple of ``substeps``.
-    threshold : float
-        Contrast threshold in natural-log units, positive.
-    substeps : int
-        Number of image intervals per output time step, positive.
+    Args:
+      log_intensity: Natural-log intensity of shape ``(N, S + 1, H, W)``: ``N`` videos
+        of ``S + 1`` images sampled at equal intervals. ``S`` must be a multiple of
+        ``substeps``.
+      threshold: Contrast threshold in natural-log units, positive.
+      substeps: Number of image intervals per output time step, positive.
 
-    Returns
-    -------
-    np.ndarray
-        float32 event counts of shape ``(N, S // substeps, 2, H, W)``;
-        channel 0 counts ON events and channel 1 OFF events. Time step ``t``
-        holds the events of images ``t * substeps + 1`` to
-        ``(t + 1) * substeps``.
+    Returns:
+      float32 event counts of shape ``(N, S // substeps, 2, H, W)``;
+      channel 0 counts ON events and channel 1 OFF events. Time step ``t``
+      holds the events of images ``t * substeps + 1`` to
+      ``(t + 1) * substeps``.
     """
     log_intensity = np.asarray(log_intensity, dtype=np.float64)
     threshold = number("threshold", threshold, sign="positive")
@@ -146,30 +140,20 @@ class MotionScenes:
     ``center + speed * direction_vector * tau`` at time ``tau`` (in time
     steps) measured from the middle of the clip.
 
-    Attributes
-    ----------
-    direction : np.ndarray
-        int64 ``(N,)``, motion direction and label, ``0..7``; direction ``k``
+    Attributes:
+      direction: int64 ``(N,)``, motion direction and label, ``0..7``; direction ``k``
         points ``k * 45`` degrees counter-clockwise from "right".
-    polarity : np.ndarray
-        int64 ``(N,)``, 0 for a bright object on a dark background, 1 for a
+      polarity: int64 ``(N,)``, 0 for a bright object on a dark background, 1 for a
         dark object on a bright background.
-    speed : np.ndarray
-        float64 ``(N,)``, pixels per time step.
-    center : np.ndarray
-        float64 ``(N, 2)``, object position at the middle of the clip,
+      speed: float64 ``(N,)``, pixels per time step.
+      center: float64 ``(N, 2)``, object position at the middle of the clip,
         pixels.
-    is_bar : np.ndarray
-        bool ``(N,)``, True for a bar, False for a dot cluster.
-    bar_length : np.ndarray
-        float64 ``(N,)``, bar extent across the motion, pixels.
-    bar_width : np.ndarray
-        float64 ``(N,)``, bar extent along the motion, pixels.
-    dot_offsets : np.ndarray
-        float64 ``(N, n_dots, 2)``, dot centres relative to the object
+      is_bar: bool ``(N,)``, True for a bar, False for a dot cluster.
+      bar_length: float64 ``(N,)``, bar extent across the motion, pixels.
+      bar_width: float64 ``(N,)``, bar extent along the motion, pixels.
+      dot_offsets: float64 ``(N, n_dots, 2)``, dot centres relative to the object
         position, pixels.
-    dot_radius : float
-        Radius of every dot, pixels.
+      dot_radius: Radius of every dot, pixels.
     """
 
     direction: np.ndarray
@@ -245,37 +229,24 @@ def sample_scenes(
     independent of everything else. All other parameters are drawn
     uniformly and independently of direction and polarity.
 
-    Parameters
-    ----------
-    n_samples : int
-        Number of scenes ``N``.
-    size : (int, int), optional
-        Sensor height and width, pixels.
-    speed : (float, float), optional
-        Range of object speeds, pixels per time step.
-    objects : sequence of {"bar", "dots"}, optional
-        Object kinds to draw from with equal probability.
-    bar_length : (float, float), optional
-        Range of bar lengths across the motion direction, pixels.
-    bar_width : (float, float), optional
-        Range of bar widths along the motion direction, pixels.
-    n_dots : int, optional
-        Number of dots in a dot cluster.
-    dot_radius : float, optional
-        Radius of each dot, pixels.
-    pattern_radius : float, optional
-        Dot centres are uniform over a disc of this radius around the
+    Args:
+      n_samples: Number of scenes ``N``.
+      size: Sensor height and width, pixels.
+      speed: Range of object speeds, pixels per time step.
+      objects (sequence of {"bar", "dots"}): Object kinds to draw from with equal
+        probability.
+      bar_length: Range of bar lengths across the motion direction, pixels.
+      bar_width: Range of bar widths along the motion direction, pixels.
+      n_dots: Number of dots in a dot cluster.
+      dot_radius: Radius of each dot, pixels.
+      pattern_radius: Dot centres are uniform over a disc of this radius around the
         object position, pixels.
-    center_spread : float, optional
-        The object position at mid-clip is uniform over a centred box
+      center_spread: The object position at mid-clip is uniform over a centred box
         spanning this fraction of the sensor height and width, in ``(0, 1]``.
-    seed : int, optional
-        Seed of the random draw.
+      seed: Seed of the random draw.
 
-    Returns
-    -------
-    MotionScenes
-        ``N`` scenes.
+    Returns:
+      ``N`` scenes.
     """
     n_samples = integer("n_samples", n_samples, sign="positive")
     height, width = height_width("size", size)
@@ -399,27 +370,18 @@ def render_scenes(
     intensity ``exp(contrast)`` (bright object) or 1 (dark object) and all
     others the opposite level. The images go through :func:`dvs_events`.
 
-    Parameters
-    ----------
-    scenes : MotionScenes
-        ``N`` scenes, e.g. from :func:`sample_scenes`.
-    T : int, optional
-        Number of output time steps.
-    size : (int, int), optional
-        Sensor height and width, pixels.
-    substeps : int, optional
-        Images per time step; keep ``max speed / substeps`` at or below one
+    Args:
+      scenes: ``N`` scenes, e.g. from :func:`sample_scenes`.
+      T: Number of output time steps.
+      size: Sensor height and width, pixels.
+      substeps: Images per time step; keep ``max speed / substeps`` at or below one
         pixel so that objects do not skip pixels.
-    contrast : float, optional
-        Log-intensity difference between object and background (natural
+      contrast: Log-intensity difference between object and background (natural
         log units); must be at least ``threshold``.
-    threshold : float, optional
-        DVS contrast threshold, natural log units.
+      threshold: DVS contrast threshold, natural log units.
 
-    Returns
-    -------
-    np.ndarray
-        float32 event counts of shape ``(N, T, 2, H, W)``.
+    Returns:
+      float32 event counts of shape ``(N, T, 2, H, W)``.
     """
     if not isinstance(scenes, MotionScenes):
         raise TypeError(f"scenes must be MotionScenes, got {type(scenes).__name__}")
@@ -490,45 +452,27 @@ def moving_bars(
     With the defaults an object travels 10 to 20 pixels during the clip and
     each pixel the object edge crosses emits one event.
 
-    Parameters
-    ----------
-    n_samples : int
-        Number of samples ``N``; directions are balanced.
-    T : int, optional
-        Time steps per sample.
-    size : (int, int), optional
-        Sensor height ``H`` and width ``W``, pixels.
-    speed : (float, float), optional
-        Range of object speeds, pixels per time step.
-    objects : sequence of {"bar", "dots"}, optional
-        Object kinds, drawn with equal probability.
-    substeps : int, optional
-        Rendered images per time step.
-    contrast : float, optional
-        Object/background log-intensity difference, natural log units.
-    threshold : float, optional
-        DVS contrast threshold, natural log units, at most ``contrast``.
-    bar_length : (float, float), optional
-        Range of bar lengths across the motion, pixels.
-    bar_width : (float, float), optional
-        Range of bar widths along the motion, pixels.
-    n_dots : int, optional
-        Dots per dot cluster.
-    dot_radius : float, optional
-        Dot radius, pixels.
-    pattern_radius : float, optional
-        Radius of the disc holding the dot centres, pixels.
-    center_spread : float, optional
-        Mid-clip object positions are uniform over a centred box spanning
+    Args:
+      n_samples: Number of samples ``N``; directions are balanced.
+      T: Time steps per sample.
+      size: Sensor height ``H`` and width ``W``, pixels.
+      speed: Range of object speeds, pixels per time step.
+      objects (sequence of {"bar", "dots"}): Object kinds, drawn with equal probability.
+      substeps: Rendered images per time step.
+      contrast: Object/background log-intensity difference, natural log units.
+      threshold: DVS contrast threshold, natural log units, at most ``contrast``.
+      bar_length: Range of bar lengths across the motion, pixels.
+      bar_width: Range of bar widths along the motion, pixels.
+      n_dots: Dots per dot cluster.
+      dot_radius: Dot radius, pixels.
+      pattern_radius: Radius of the disc holding the dot centres, pixels.
+      center_spread: Mid-clip object positions are uniform over a centred box spanning
         this fraction of the sensor, in ``(0, 1]``.
-    seed : int, optional
-        Seed; equal arguments give identical datasets.
+      seed: Seed; equal arguments give identical datasets.
 
-    Returns
-    -------
-    EventDataset
-        ``events`` float32 ``(N, T, 2, H, W)``, ``labels`` int32 ``(N,)``
-        with the direction ``0..7``, ``num_classes=8``.
+    Returns:
+      ``events`` float32 ``(N, T, 2, H, W)``, ``labels`` int32 ``(N,)``
+      with the direction ``0..7``, ``num_classes=8``.
     """
     scenes = sample_scenes(
         n_samples,
