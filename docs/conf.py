@@ -53,7 +53,6 @@ apimodule_order = [
     'braintrace_conv.data.encoders',
     'braintrace_conv.models',
     'braintrace_conv.primitive',
-    'braintrace_conv.lift',
     'braintrace_conv.plot',
     'braintrace_conv.sharding',
     'braintrace_conv.cli',

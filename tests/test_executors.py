@@ -171,7 +171,7 @@ def test_state_jacobian_is_evaluated_a_step_early_only_when_it_reads_only_the_st
         model_class, early):
     # dz/dh_prev of ConvTanh depends on h alone, so each step evaluates the next step's;
     # InputGated's also reads the input, so it stays in its own step. Exact either way.
-    from braintrace_conv.executors.signals import jacobian_reads_only_state
+    from braintrace_conv.executors._analysis.signals import jacobian_reads_only_state
     x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
     model = model_class(x_shape, k_shape, kw, ch)
     xs, targets = _conv_data(x_shape)

@@ -36,12 +36,12 @@ import numpy as np
 from jax import lax
 
 from ..primitive import apply_state_jacobian
-from .graph import StepGraph, analyse
+from ._analysis.graph import StepGraph, analyse
+from ._analysis.signals import (StepSignals, init_release, jacobian_reads_only_state,
+                                state_jacobian, step_signals)
+from ._analysis.step import TracedStep, trace_step
 from .report import (APPROX_READOUT, EXACT_OUTPUT_PARAM, EXACT_READOUT, MIXING_PARAM, UNUSED,
                      Report)
-from .signals import (StepSignals, init_release, jacobian_reads_only_state, state_jacobian,
-                      step_signals)
-from .trace import TracedStep, trace_step
 
 __all__ = ['Learner', 'OnlineLearner', 'Report']
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from ..primitive import ES_DRTRL_RULES, apply_state_jacobian
 from .base import OnlineLearner
-from .jaxpr import depends_on, is_literal
-from .signals import init_release, step_signals
+from ._analysis.jaxpr import depends_on, is_literal
+from ._analysis.signals import init_release, step_signals
 
 __all__ = ['ES_D_RTRL']
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from jax.extend import core as jex_core
 
-from ..primitive import ETPPrimitive
+from ...primitive import ETPPrimitive
 
 __all__ = ['is_literal', 'sub_jaxpr', 'contains_etp', 'depends_on', 'reached_from',
            'dependency_sets',

@@ -41,10 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..primitive import ETPPrimitive
+from ...primitive import ETPPrimitive
 from .jaxpr import bind_eqn, contains_etp, dependency_sets, depends_on, is_literal, sub_jaxpr
 from .positions import MIXED, propagate
-from .trace import TracedStep
+from .step import TracedStep
 
 __all__ = ['Group', 'EtpOp', 'DynamicParam', 'StepGraph', 'analyse']
 

@@ -20,8 +20,8 @@ from typing import Callable
 import jax.numpy as jnp
 from jax import lax
 
-from .conv import etp_conv_p
-from .dense import etp_dense_p
+from ...conv import etp_conv_p
+from ...dense import etp_dense_p
 
 __all__ = ['register_lift', 'lift_rule']
 

@@ -20,10 +20,10 @@ import saiunit as u
 
 import numpy as np
 
-from ..conv import etp_conv_p
-from ..lift import lift_rule
-from ..primitive import ETPPrimitive
+from ...conv import etp_conv_p
+from ...primitive import ETPPrimitive
 from .jaxpr import bind_eqn, dependency_sets, is_literal
+from .lift import lift_rule
 
 __all__ = ['TracedStep', 'trace_step']
 

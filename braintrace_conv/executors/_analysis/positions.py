@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..primitive import ETPPrimitive
+from ...primitive import ETPPrimitive
 from .jaxpr import is_literal, sub_jaxpr
 
 __all__ = ['register_elementwise', 'MIXED', 'Mixing', 'positions_through', 'Reach', 'propagate']
