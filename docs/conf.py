@@ -44,6 +44,7 @@ napoleon_use_rtype = False
 apimodule_order = [
     'braintrace_conv',
     'braintrace_conv.executors',
+    'braintrace_conv.extend',
     'braintrace_conv.training',
     'braintrace_conv.training.loss',
     'braintrace_conv.nn',
