@@ -46,8 +46,6 @@ from .jaxpr import bind_eqn, contains_etp, dependency_sets, depends_on, is_liter
 from .positions import MIXED, propagate
 from .step import TracedStep
 
-__all__ = ['Group', 'EtpOp', 'DynamicParam', 'StepGraph', 'analyse']
-
 
 @dataclasses.dataclass
 class Group:

@@ -9,10 +9,6 @@ from jax.extend import core as jex_core
 
 from ...primitive import ETPPrimitive
 
-__all__ = ['is_literal', 'sub_jaxpr', 'contains_etp', 'depends_on', 'reached_from',
-           'dependency_sets',
-           'bind_eqn']
-
 
 def is_literal(v) -> bool:
     return isinstance(v, jex_core.Literal)

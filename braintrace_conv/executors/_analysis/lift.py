@@ -23,7 +23,6 @@ from jax import lax
 from ...conv import etp_conv_p
 from ...dense import etp_dense_p
 
-__all__ = ['register_lift', 'lift_rule']
 
 _LIFTS: dict[str, tuple[Callable, int]] = {}
 

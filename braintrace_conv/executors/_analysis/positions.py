@@ -21,7 +21,6 @@ from jax import lax
 from ...primitive import ETPPrimitive
 from .jaxpr import is_literal, sub_jaxpr
 
-__all__ = ['register_elementwise', 'MIXED', 'Mixing', 'positions_through', 'Reach', 'propagate']
 
 # Primitives that act element by element (operands of equal shape, or scalars).
 _ELEMENTWISE = {

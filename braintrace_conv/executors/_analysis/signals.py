@@ -34,9 +34,6 @@ import jax.numpy as jnp
 from .graph import StepGraph
 from .jaxpr import is_literal, reached_from
 
-__all__ = ['StepSignals', 'step_signals', 'init_release', 'state_jacobian',
-           'jacobian_reads_only_state']
-
 
 @dataclasses.dataclass
 class StepSignals:

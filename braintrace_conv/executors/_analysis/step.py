@@ -25,8 +25,6 @@ from ...primitive import ETPPrimitive
 from .jaxpr import bind_eqn, dependency_sets, is_literal
 from .lift import lift_rule
 
-__all__ = ['TracedStep', 'trace_step']
-
 
 @dataclasses.dataclass
 class TracedStep:
