@@ -367,7 +367,7 @@ def _init_pp(x_aval, y_aval, weight_avals, n_state, **p):
     return jnp.zeros((*y_aval.shape, n_state), y_aval.dtype)
 
 
-etp_conv_p = register_primitive('etp_conv', _conv_impl, batched=True,
+etp_conv_p = register_primitive('etp_conv', _conv_impl,
                                 trainable_invars_fn=_trainable_invars, x_invar_index=0,
                                 linear_in_weights=True)
 etp_conv_p.register_etp_rules(yw_to_w=_yw_to_w, xy_to_dw=_xy_to_dw, init_drtrl=_init_drtrl,

@@ -13,7 +13,7 @@ from jax import lax
 
 from ._validation import positive, positive_ints
 
-__all__ = ['conv_params', 'canonical_perms']
+__all__ = ['conv_params']
 
 _PADDING_STRINGS = ('SAME', 'SAME_LOWER', 'VALID')
 
@@ -66,11 +66,6 @@ def _dimension_numbers(dimension_numbers, rank: int) -> lax.ConvDimensionNumbers
         raise ValueError(f'dimension_numbers {dimension_numbers!r}: lhs, rhs and out specs must '
                          f'name the same spatial characters.')
     return lax.conv_dimension_numbers((1,) * rank, (1,) * rank, (lhs, rhs, out))
-
-
-def canonical_perms(dn: lax.ConvDimensionNumbers):
-    """Permutations taking lhs, rhs and out arrays to ``NC...``, ``OI...``, ``NC...``."""
-    return tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)
 
 
 def conv_params(x_shape: Sequence[int], kernel_shape: Sequence[int], *, strides, padding,

@@ -47,7 +47,7 @@ def _xy_to_dw(x, hidden_dim, weights, *, has_bias):
     return weight_vjp(etp_dense_p, operands, hidden_dim, has_bias=has_bias)
 
 
-etp_dense_p = register_primitive('etp_dense', _dense_impl, batched=True,
+etp_dense_p = register_primitive('etp_dense', _dense_impl,
                                  trainable_invars_fn=_trainable_invars, x_invar_index=0,
                                  linear_in_weights=True)
 etp_dense_p.register_etp_rules(

@@ -48,6 +48,7 @@ primitive's own output layout unless said otherwise):
 from __future__ import annotations
 
 import types
+import warnings
 from functools import partial
 from typing import Any, Callable, Mapping
 
@@ -74,20 +75,18 @@ class ETPPrimitive(jex_core.Primitive):
 
     Attributes:
       impl_fn: ``impl(*args, **params) -> array``, the forward computation.
-      batched: whether operand ``x_invar_index`` carries a batch axis.
       x_invar_index: position of the input ``x`` among the operands.
       linear_in_weights: ``impl`` is linear in its trainable operands jointly (a
         convolution or matrix product plus bias): gradients with respect to them,
         in BPTT too, come from the ``xy_to_dw`` rule.
     """
 
-    def __init__(self, name: str, impl: Callable, *, batched: bool,
+    def __init__(self, name: str, impl: Callable, *,
                  trainable_invars_fn: Callable[[Mapping[str, Any]], Mapping[str, int]],
                  x_invar_index: int, linear_in_weights: bool = False):
         super().__init__(name)
         self.impl_fn = impl
         self.linear_in_weights = bool(linear_in_weights)
-        self.batched = bool(batched)
         self.x_invar_index = int(x_invar_index)
         self._trainable_invars_fn = trainable_invars_fn
         self._rules: dict[str, Callable] = {}
@@ -181,15 +180,15 @@ def _batch_rule(impl, args, dims, **params):
     return jax.vmap(partial(impl, **params), in_axes=in_axes)(*args), 0
 
 
-def register_primitive(name: str, impl: Callable, *, batched: bool,
+def register_primitive(name: str, impl: Callable, *,
                        trainable_invars_fn: Callable[[Mapping[str, Any]], Mapping[str, int]],
-                       x_invar_index: int, linear_in_weights: bool = False) -> ETPPrimitive:
+                       x_invar_index: int, linear_in_weights: bool = False,
+                       **removed) -> ETPPrimitive:
     """Create an :class:`ETPPrimitive` whose standard JAX rules derive from ``impl``.
 
     Args:
       name: primitive name, as shown in jaxprs.
       impl: ``impl(*operands, **params) -> array``, a pure JAX function.
-      batched: whether the input operand carries a batch axis.
       trainable_invars_fn: ``params -> {weight_name: operand_index}``, the
         operands the online learners compute gradients for.
       x_invar_index: operand index of the input ``x`` (the value an
@@ -201,8 +200,18 @@ def register_primitive(name: str, impl: Callable, *, batched: bool,
 
     Returns:
       The primitive. Add its ETP rules with ``register_etp_rules``.
+
+    Raises:
+      TypeError: for an unknown keyword argument. The former ``batched`` argument,
+        which nothing read, is accepted with a ``DeprecationWarning``.
     """
-    prim = ETPPrimitive(name, impl, batched=batched, trainable_invars_fn=trainable_invars_fn,
+    if removed.pop('batched', None) is not None:
+        warnings.warn('register_primitive no longer takes batched (nothing read it); drop the '
+                      'argument.', DeprecationWarning, stacklevel=2)
+    if removed:
+        raise TypeError(f'register_primitive() got unexpected keyword arguments '
+                        f'{sorted(removed)}.')
+    prim = ETPPrimitive(name, impl, trainable_invars_fn=trainable_invars_fn,
                         x_invar_index=x_invar_index, linear_in_weights=linear_in_weights)
     prim.def_impl(impl)
     prim.def_abstract_eval(partial(_abstract_eval, impl))

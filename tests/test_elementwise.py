@@ -46,7 +46,7 @@ def _positions_kept(fn, x):
     """Whether the position analysis carries every element of ``fn(x)`` from ``x``'s own."""
     jaxpr = jax.make_jaxpr(fn)(x).jaxpr
     ident = np.arange(x.size).reshape(x.shape)
-    reach = propagate(jaxpr, {jaxpr.invars[0]: ident}, {}, set())
+    reach = propagate(jaxpr, {jaxpr.invars[0]: ident}, {})
     return reach.mixing is None and np.array_equal(reach.index[jaxpr.outvars[0]], ident)
 
 

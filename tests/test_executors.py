@@ -501,7 +501,7 @@ def test_parameter_broadcast_into_the_dynamics_gets_an_exact_trace_and_is_report
 
 
 def test_user_registered_primitive_with_the_same_rules_is_used_unchanged():
-    my_conv = register_primitive('user_conv', etp_conv_p.impl_fn, batched=True,
+    my_conv = register_primitive('user_conv', etp_conv_p.impl_fn,
                                  trainable_invars_fn=etp_conv_p.trainable_invars,
                                  x_invar_index=0)
     my_conv.register_etp_rules(**etp_conv_p.etp_rules)

@@ -25,7 +25,7 @@ def _scaled_mul(x, w, *, scale):
     return scale * x * w
 
 
-toy_p = register_primitive('toy_scaled_mul', _scaled_mul, batched=True,
+toy_p = register_primitive('toy_scaled_mul', _scaled_mul,
                            trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0)
 
 
@@ -47,7 +47,7 @@ def close(a, b, tol=TOL):
 def test_primitive_attributes():
     assert isinstance(toy_p, ETPPrimitive)
     assert toy_p.name == 'toy_scaled_mul'
-    assert toy_p.batched is True and toy_p.x_invar_index == 0
+    assert toy_p.x_invar_index == 0
     assert toy_p.impl_fn is _scaled_mul
     assert toy_p.trainable_invars({'scale': 1.0}) == {'weight': 1}
 
@@ -158,7 +158,7 @@ def test_scan_forward_and_grad():
 
 # =========================================================================== ETP rule table
 def fresh_primitive(name='toy_rules'):
-    return register_primitive(name, _scaled_mul, batched=False,
+    return register_primitive(name, _scaled_mul,
                               trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0)
 
 
@@ -227,3 +227,12 @@ def test_weight_vjp_matches_jax_vjp():
     dw = weight_vjp(toy_p, [x, w], ct, scale=2.0)
     _, vjp = jax.vjp(lambda w: toy(x, w), w)
     close(dw['weight'], vjp(ct)[0])
+
+
+def test_the_removed_batched_argument_warns_and_unknown_arguments_are_refused():
+    with pytest.warns(DeprecationWarning, match='no longer takes batched'):
+        register_primitive('toy_batched', _scaled_mul, batched=True,
+                           trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['batch'\]"):
+        register_primitive('toy_typo', _scaled_mul, batch=True,
+                           trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0)

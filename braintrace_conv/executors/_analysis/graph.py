@@ -104,7 +104,6 @@ class EtpOp:
         output layout, else the permutation taking the flat hidden elements
         to flat output positions.
       exact_readout: a readout whose output reaches no hidden state at all.
-      param_leaves: parameter leaves its trainable operands are computed from.
       slot_params: trainable operand name -> parameter leaves it is computed from.
     """
     eqn: int
@@ -118,7 +117,6 @@ class EtpOp:
     group: int | None
     h_to_y: np.ndarray | None
     exact_readout: bool
-    param_leaves: list[int]
     slot_params: dict
     label: str
 
@@ -151,7 +149,6 @@ class StepGraph:
     ops: list[EtpOp]
     groups: list[Group]
     group_of_leaf: dict
-    final_of: dict             # jaxpr var -> hidden leaf index
     direct_params: dict        # param leaf -> 'hidden' | 'output': used outside ETP weight slots
     dynamic_params: list       # DynamicParam entries (a leaf may feed several groups)
 
@@ -279,13 +276,13 @@ def analyse(step: TracedStep) -> StepGraph:
             final_of[v] = leaf
     out_vars = {v for v in jaxpr.outvars[nh:] if not is_literal(v)}
     deps = dependency_sets(jaxpr, nh, np_)
-    groups, group_of_leaf = _groups(step, jaxpr, final_of, out_vars)
+    groups, group_of_leaf = _groups(step, jaxpr, final_of)
     ops = _ops(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups, group_of_leaf)
     for g, grp in enumerate(groups):
         _cut(step, jaxpr, g, grp, ops, final_of, out_vars)
     direct_params, dynamic_params = _parameter_paths(step, jaxpr, etp_eqns, deps, final_of,
                                                      out_vars, groups)
-    return StepGraph(step, ops, groups, group_of_leaf, final_of, direct_params, dynamic_params)
+    return StepGraph(step, ops, groups, group_of_leaf, direct_params, dynamic_params)
 
 
 def _identity(shape):
@@ -296,7 +293,7 @@ def _ops_at(ops, eqn_indices):
     return [k for k, op in enumerate(ops) if op.eqn in eqn_indices]
 
 
-def _groups(step, jaxpr, final_of, out_vars):
+def _groups(step, jaxpr, final_of):
     """Hidden leaves reaching each other's new values element by element -> groups."""
     nh = step.n_hidden
     parent = list(range(nh))
@@ -312,7 +309,7 @@ def _groups(step, jaxpr, final_of, out_vars):
         if not jnp.issubdtype(var.aval.dtype, jnp.inexact):
             continue
         ident = _identity(var.aval.shape)
-        reach = propagate(jaxpr, {var: ident}, final_of, out_vars)
+        reach = propagate(jaxpr, {var: ident}, final_of)
         for other, idx in reach.finals.items():
             if idx is MIXED or idx.shape != ident.shape or not np.array_equal(idx, ident):
                 raise ValueError(
@@ -359,7 +356,7 @@ def _ops(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups, group_of_leaf)
         label = f'{prim.name} #{len(ops)} ({describe(p_leaves)})'
         y_var = eqn.outvars[0]
         size = int(np.prod(y_var.aval.shape))
-        reach = propagate(jaxpr, {y_var: _identity(y_var.aval.shape)}, final_of, out_vars,
+        reach = propagate(jaxpr, {y_var: _identity(y_var.aval.shape)}, final_of,
                           stop_at_finals=True)
         if reach.etp_weights:
             raise ValueError(f'the output of {label} feeds the trainable operand of another '
@@ -392,7 +389,7 @@ def _ops(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups, group_of_leaf)
             weight_avals={name: eqn.invars[slot].aval for name, slot in slots.items()},
             y_aval=y_var.aval, x_aval=getattr(x_var, 'aval', None), x_var=x_var, group=group,
             h_to_y=h_to_y, exact_readout=group is None and not full,
-            param_leaves=sorted(p_leaves), slot_params=slot_params, label=label))
+            slot_params=slot_params, label=label))
     return ops
 
 
@@ -408,14 +405,14 @@ def _cut(step, jaxpr, g, grp, ops, final_of, out_vars):
             to_h = np.arange(hidden_size) if op.h_to_y is None else np.argsort(op.h_to_y)
             y_var = jaxpr.eqns[op.eqn].outvars[0]
             sources[y_var] = to_h.reshape(op.y_aval.shape)   # y position -> hidden position
-    reach = propagate(jaxpr, sources, final_of, out_vars)
+    reach = propagate(jaxpr, sources, final_of)
     index = {v: idx for v, idx in reach.index.items() if idx is not MIXED}
     finals = [v for v, l in final_of.items() if l in grp.leaves]
     # The input of a synapse onto neurons, computed from the old state alone (a recurrent or
     # delayed synapse), is given to D-RTRL: its path through time is the truncated one, and
     # cutting the state there as well would only add a value whose learning signal is zero.
     from_y = set(propagate(jaxpr, {v: i for v, i in sources.items() if v not in hidden_in},
-                           final_of, out_vars).index)
+                           final_of).index)
     given = {v for v, eqns in reach.etp_x_sinks.items() if v not in from_y
              and all(ops[k].group is not None for k in _ops_at(ops, eqns))}
     sinks = (set(reach.sinks) - given) | set(finals) | (set(index) & out_vars)
@@ -520,8 +517,7 @@ def _parameter_paths(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups):
         if not reaches_hidden:
             continue
         var = jaxpr.invars[nh + p]
-        reach = propagate(jaxpr, {var: _identity(var.aval.shape)}, final_of, out_vars,
-                          broadcast=True)
+        reach = propagate(jaxpr, {var: _identity(var.aval.shape)}, final_of, broadcast=True)
         for g, grp in enumerate(groups):
             touched = [v for v in grp.cut + [f for f, l in final_of.items() if l in grp.leaves]
                        if v in reach.index]

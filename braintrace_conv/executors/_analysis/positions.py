@@ -204,7 +204,7 @@ def _reads_elementwise(eqn, part: str) -> bool:
         jaxpr = closed.jaxpr
         ident = np.arange(int(np.prod(shape, dtype=int))).reshape(shape)
         sources = {v: ident for v in jaxpr.invars if tuple(v.aval.shape) == shape}
-        reach = propagate(jaxpr, sources, {}, set())
+        reach = propagate(jaxpr, sources, {})
     if reach.mixing is not None:
         return False
     return all(v not in reach.index or np.array_equal(reach.index[v], ident)
@@ -229,7 +229,6 @@ class Reach:
     """What :func:`propagate` found downstream of its sources."""
     index: dict           # top-level var -> index array or MIXED
     finals: dict          # hidden leaf -> index array or MIXED
-    outputs: bool         # reaches an output leaf
     etp_inputs: set       # eqn indices of ETP ops whose x it reaches
     etp_weights: set      # eqn indices of ETP ops whose weights it reaches
     mixing: str | None    # first mixing primitive met (if any)
@@ -238,8 +237,8 @@ class Reach:
     edges: list = dataclasses.field(default_factory=list)  # (tracked invar, tracked outvar)
 
 
-def propagate(jaxpr, source_vars: dict, final_of: dict, out_vars: set,
-              stop_at_finals: bool = False, broadcast: bool = False) -> Reach:
+def propagate(jaxpr, source_vars: dict, final_of: dict, *, stop_at_finals: bool = False,
+              broadcast: bool = False) -> Reach:
     """Follow the positions of ``source_vars`` forward through ``jaxpr``.
 
     ETP ops stop the tracking (recording whose input or weights are reached);
@@ -249,7 +248,7 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, out_vars: set,
     primitives, which :mod:`.graph` uses to find where to cut a step.
     """
     index = dict(source_vars)
-    reach = Reach(index, {}, False, set(), set(), None)
+    reach = Reach(index, {}, set(), set(), None)
     etp_eqns = {i for i, e in enumerate(jaxpr.eqns) if isinstance(e.primitive, ETPPrimitive)}
 
     def visit(eqns, index, top):
@@ -295,5 +294,4 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, out_vars: set,
                 index[v] = idx
 
     visit(jaxpr.eqns, index, True)
-    reach.outputs = any(v in index for v in out_vars)
     return reach

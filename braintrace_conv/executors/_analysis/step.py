@@ -43,7 +43,6 @@ class TracedStep:
     hidden_treedefs: list
     param_treedefs: list
     out_tree: Any
-    n_inputs: int
 
     @property
     def n_hidden(self) -> int:
@@ -182,7 +181,7 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
     closed = _lift_plain_ops(closed, len(hidden_names), len(param_names))
     return TracedStep(closed, model, list(hidden_map.keys()), list(param_map.keys()),
                       hidden_names, param_names, hidden_treedefs, param_treedefs,
-                      out_tree_box[-1], len(x_leaves))
+                      out_tree_box[-1])
 
 
 def _lift_plain_ops(closed, n_hidden: int, n_params: int):
