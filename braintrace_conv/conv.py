@@ -45,7 +45,7 @@ from jax import lax
 from jax.interpreters import ad, mlir
 
 from .conv_args import conv_params
-from .primitive import register_primitive
+from .primitive import derived_transpose, register_primitive
 from .units import bias_in_unit, join_unit, split_unit
 
 __all__ = ['etp_conv_p', 'conv']
@@ -367,14 +367,6 @@ def _init_pp(x_aval, y_aval, weight_avals, n_state, **p):
     return jnp.zeros((*y_aval.shape, n_state), y_aval.dtype)
 
 
-etp_conv_p = register_primitive('etp_conv', _conv_impl,
-                                trainable_invars_fn=_trainable_invars, x_invar_index=0,
-                                linear_in_weights=True)
-etp_conv_p.register_etp_rules(yw_to_w=_yw_to_w, xy_to_dw=_xy_to_dw, init_drtrl=_init_drtrl,
-                              init_pp=_init_pp, xdf_to_trace=_xdf_to_trace,
-                              trace_to_dw=_trace_to_dw)
-
-
 # --------------------------------------------------------------------------- JAX rules
 # The convolution is bilinear: the tangent in x is the primitive itself (no bias), so the
 # input gradient is this module's transposed convolution, which lowers like any other.
@@ -392,7 +384,7 @@ def _conv_jvp(primals, tangents, *, has_bias, **p):
 
 def _conv_transpose(cotangent, x, *weights, has_bias, **p):
     if not ad.is_undefined_primal(x):
-        return _weights_transpose(cotangent, x, *weights, has_bias=has_bias, **p)
+        return derived_transpose(etp_conv_p, cotangent, x, *weights, has_bias=has_bias, **p)
     if has_bias or any(ad.is_undefined_primal(w) for w in weights):
         raise NotImplementedError('etp_conv is linear in x only without a bias and for a '
                                   'fixed kernel.')
@@ -433,9 +425,12 @@ def _input_gradient(cotangent, kernel, x_shape, p):
                                                                         dn.lhs_spec)))
 
 
-_weights_transpose = ad.primitive_transposes[etp_conv_p]   # the derived rule (xy_to_dw)
-ad.primitive_jvps[etp_conv_p] = _conv_jvp
-ad.primitive_transposes[etp_conv_p] = _conv_transpose
+etp_conv_p = register_primitive('etp_conv', _conv_impl,
+                                trainable_invars_fn=_trainable_invars, x_invar_index=0,
+                                linear_in_weights=True, jvp=_conv_jvp, transpose=_conv_transpose)
+etp_conv_p.register_etp_rules(yw_to_w=_yw_to_w, xy_to_dw=_xy_to_dw, init_drtrl=_init_drtrl,
+                              init_pp=_init_pp, xdf_to_trace=_xdf_to_trace,
+                              trace_to_dw=_trace_to_dw)
 mlir.register_lowering(etp_conv_p, mlir.lower_fun(partial(_conv_impl,
                                                           convolution=_channels_last_conv),
                                                   multiple_results=False), platform='cpu')

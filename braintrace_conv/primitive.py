@@ -12,6 +12,10 @@ from one Python implementation ``impl(*args, **params) -> array``:
   ``impl`` with respect to those operands,
 * batching is ``jax.vmap`` of ``impl``.
 
+An operation that knows a better JVP or transpose passes it to
+:func:`register_primitive` (``jvp=``, ``transpose=``); a transpose override may hand
+the cases it does not treat to :func:`derived_transpose`.
+
 So ``jax.jit``, ``jax.grad``, ``jax.vmap``, ``jax.lax.scan`` and BPTT work
 unchanged. On top of that each primitive holds a read-only table of named
 *ETP rules*, installed with :meth:`ETPPrimitive.register_etp_rules`, which the
@@ -57,8 +61,8 @@ import jax.numpy as jnp
 from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
-__all__ = ['ETPPrimitive', 'register_primitive', 'STANDARD_RULES', 'DRTRL_RULES',
-           'ES_DRTRL_RULES', 'weight_vjp', 'apply_state_jacobian']
+__all__ = ['ETPPrimitive', 'register_primitive', 'derived_transpose', 'STANDARD_RULES',
+           'DRTRL_RULES', 'ES_DRTRL_RULES', 'weight_vjp', 'apply_state_jacobian']
 
 #: Rules every ETP primitive is expected to provide (``docs/theory.md``, "rule contract").
 STANDARD_RULES = ('yw_to_w', 'xy_to_dw', 'init_drtrl', 'init_pp')
@@ -151,8 +155,23 @@ def _jvp_rule(prim, primals, tangents, **params):
     return prim.bind(*primals, **params), sum(parts[1:], parts[0])
 
 
-def _transpose_rule(prim, cotangent, *args, **params):
-    # Called only where the primitive is used linearly in the undefined operands.
+def derived_transpose(prim: ETPPrimitive, cotangent, *args, **params) -> list:
+    """The transpose rule :func:`register_primitive` derives for ``prim``.
+
+    Called only where the primitive is used linearly in the undefined operands
+    (``jax.interpreters.ad.UndefinedPrimal``). When those are trainable operands of a
+    primitive declared ``linear_in_weights`` with an ``xy_to_dw`` rule, the rule gives
+    their cotangents; otherwise they are the VJP of ``impl`` in those operands.
+
+    Args:
+      prim: the primitive.
+      cotangent: the cotangent of its output.
+      *args: its operands, undefined where a cotangent is wanted.
+      **params: its parameters.
+
+    Returns:
+      One cotangent per operand, ``None`` for the defined ones.
+    """
     undefined = [ad.is_undefined_primal(a) for a in args]
     slots = prim.trainable_invars(params)
     if prim.linear_in_weights and 'xy_to_dw' in prim.etp_rules \
@@ -183,6 +202,7 @@ def _batch_rule(impl, args, dims, **params):
 def register_primitive(name: str, impl: Callable, *,
                        trainable_invars_fn: Callable[[Mapping[str, Any]], Mapping[str, int]],
                        x_invar_index: int, linear_in_weights: bool = False,
+                       jvp: Callable | None = None, transpose: Callable | None = None,
                        **removed) -> ETPPrimitive:
     """Create an :class:`ETPPrimitive` whose standard JAX rules derive from ``impl``.
 
@@ -197,6 +217,11 @@ def register_primitive(name: str, impl: Callable, *,
         (for fixed ``x``). The weight tangent is then the primitive applied to the
         weight tangents, and its transpose — every weight gradient, BPTT's included
         — is the ``xy_to_dw`` rule, so a fast rule speeds up all executors.
+      jvp: ``jvp(primals, tangents, **params) -> (primal_out, tangent_out)`` in place
+        of the derived JVP rule (tangents may be ``jax.interpreters.ad.Zero``).
+      transpose: ``transpose(cotangent, *operands, **params) -> cotangents`` in place
+        of the derived transpose rule; it may return :func:`derived_transpose` for the
+        cases it does not handle itself.
 
     Returns:
       The primitive. Add its ETP rules with ``register_etp_rules``.
@@ -216,8 +241,9 @@ def register_primitive(name: str, impl: Callable, *,
     prim.def_impl(impl)
     prim.def_abstract_eval(partial(_abstract_eval, impl))
     mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
-    ad.primitive_jvps[prim] = partial(_jvp_rule, prim)
-    ad.primitive_transposes[prim] = partial(_transpose_rule, prim)
+    ad.primitive_jvps[prim] = jvp if jvp is not None else partial(_jvp_rule, prim)
+    ad.primitive_transposes[prim] = (transpose if transpose is not None
+                                     else partial(derived_transpose, prim))
     batching.primitive_batchers[prim] = partial(_batch_rule, impl)
     return prim
 

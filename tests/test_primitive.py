@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.interpreters import ad
 
 from braintrace_conv import ETPPrimitive, register_primitive
-from braintrace_conv.primitive import apply_state_jacobian, weight_vjp
+from braintrace_conv.primitive import apply_state_jacobian, derived_transpose, weight_vjp
 
 TOL = dict(rtol=1e-12, atol=1e-12)
 
@@ -236,3 +237,26 @@ def test_the_removed_batched_argument_warns_and_unknown_arguments_are_refused():
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['batch'\]"):
         register_primitive('toy_typo', _scaled_mul, batch=True,
                            trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0)
+
+
+def test_jvp_and_transpose_overrides_replace_the_derived_rules():
+    calls = []
+
+    def jvp(primals, tangents, *, scale):
+        calls.append('jvp')
+        x, w = primals
+        x_dot, w_dot = (ad.instantiate_zeros(t) for t in tangents)
+        return prim.bind(x, w, scale=scale), prim.bind(x_dot, w, scale=scale) \
+            + prim.bind(x, w_dot, scale=scale)
+
+    def transpose(cotangent, x, w, *, scale):
+        calls.append('transpose')
+        return derived_transpose(prim, cotangent, x, w, scale=scale)
+
+    prim = register_primitive('toy_overridden', _scaled_mul,
+                              trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0,
+                              jvp=jvp, transpose=transpose)
+    x, w = data()
+    grad = jax.grad(lambda w: jnp.sum(prim.bind(x, w, scale=2.0) ** 2))(w)
+    close(grad, jax.grad(lambda w: jnp.sum(_scaled_mul(x, w, scale=2.0) ** 2))(w))
+    assert calls == ['jvp', 'transpose']
