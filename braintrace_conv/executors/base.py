@@ -277,8 +277,7 @@ class Learner(abc.ABC):
         """Evaluate ``loss_fn`` on one step's abstract output and target, so that targets
         that do not fit the outputs (e.g. another batch size) are an error naming both."""
         shapes = lambda tree: jax.tree.map(lambda a: (tuple(a.shape), str(a.dtype)), tree)
-        outs = [jax.ShapeDtypeStruct(a.shape, a.dtype)
-                for a in step.closed_jaxpr.out_avals[step.n_hidden:]]
+        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in step.output_vars]
         out = jax.tree.unflatten(step.out_tree, outs)
         target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:],
                                                              jnp.result_type(a)), targets)
@@ -384,7 +383,7 @@ class OnlineLearner(Learner):
 
     def _init_state(self, graph, hidden):
         dtype = self.dtype(graph)
-        hidden_dtype = jnp.result_type(*[graph.step.closed_jaxpr.jaxpr.invars[l].aval.dtype
+        hidden_dtype = jnp.result_type(*[graph.step.hidden_vars[l].aval.dtype
                                          for grp in graph.groups for l in grp.leaves]
                                        or [float])
         dyn = [jnp.zeros((*graph.groups[dp.group].shape, graph.groups[dp.group].m), dtype)

@@ -90,9 +90,7 @@ class ES_D_RTRL(OnlineLearner):
     def _infer(graph, grouped):
         step = graph.step
         params = step.param_leaves()
-        first_input = step.n_hidden + step.n_params
-        inputs = [jnp.zeros(v.aval.shape, v.aval.dtype)
-                  for v in step.closed_jaxpr.jaxpr.invars[first_input:]]
+        inputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in step.input_vars]
         no_loss = lambda out, target: jnp.zeros(())
 
         def two_steps(hidden):

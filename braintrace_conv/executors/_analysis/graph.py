@@ -42,7 +42,7 @@ import numpy as np
 from jax import lax
 
 from ...primitive import ETPPrimitive
-from .jaxpr import bind_eqn, contains_etp, dependency_sets, depends_on, is_literal, sub_jaxpr
+from .jaxpr import bind_eqn, contains_etp, depends_on, is_literal, sub_jaxpr
 from .positions import MIXED, propagate
 from .step import TracedStep
 
@@ -219,10 +219,9 @@ class StepGraph:
                     outs = [lax.stop_gradient(o) for o in outs]
             for v, val in zip(eqn.outvars, outs):
                 write(v, val)
-        flat = [read(v) for v in jaxpr.outvars]
-        n = self.step.n_hidden
         record = dict(xs=xs, ys=ys, cut=[env[v] for v in self.cut_vars])
-        return flat[:n], flat[n:], record
+        return ([read(v) for v in self.step.new_hidden_vars],
+                [read(v) for v in self.step.output_vars], record)
 
     def weights(self, params):
         """``{op_index: {slot: value}}``: the ETP weight operands as functions of params."""
@@ -232,8 +231,7 @@ class StepGraph:
         read = lambda v: v.val if is_literal(v) else env.get(v)
         for v, val in zip(jaxpr.constvars, closed.consts):
             env[v] = val
-        first = self.step.n_hidden
-        for v, val in zip(jaxpr.invars[first:first + len(params)], params):
+        for v, val in zip(self.step.param_vars, params):
             env[v] = val
         for eqn in jaxpr.eqns:
             invals = [read(v) for v in eqn.invars]
@@ -262,7 +260,6 @@ def analyse(step: TracedStep) -> StepGraph:
         cannot be learned online exactly as described.
     """
     jaxpr = step.closed_jaxpr.jaxpr
-    nh, np_ = step.n_hidden, step.n_params
     etp_eqns = {i for i, e in enumerate(jaxpr.eqns) if isinstance(e.primitive, ETPPrimitive)}
     for i, eqn in enumerate(jaxpr.eqns):
         if i not in etp_eqns and sub_jaxpr(eqn) is not None and contains_etp(sub_jaxpr(eqn)):
@@ -271,11 +268,11 @@ def analyse(step: TracedStep) -> StepGraph:
                              f'level of one step.')
     produced = {v for e in jaxpr.eqns for v in e.outvars}
     final_of = {}
-    for leaf, v in enumerate(jaxpr.outvars[:nh]):
+    for leaf, v in enumerate(step.new_hidden_vars):
         if not is_literal(v) and v in produced and v not in final_of:
             final_of[v] = leaf
-    out_vars = {v for v in jaxpr.outvars[nh:] if not is_literal(v)}
-    deps = dependency_sets(jaxpr, nh, np_)
+    out_vars = {v for v in step.output_vars if not is_literal(v)}
+    deps = step.dependencies()
     groups, group_of_leaf = _groups(step, jaxpr, final_of)
     ops = _ops(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups, group_of_leaf)
     for g, grp in enumerate(groups):
@@ -304,7 +301,7 @@ def _groups(step, jaxpr, final_of):
             a = parent[a]
         return a
 
-    hidden_in = jaxpr.invars[:nh]
+    hidden_in = step.hidden_vars
     for leaf, var in enumerate(hidden_in):
         if not jnp.issubdtype(var.aval.dtype, jnp.inexact):
             continue
@@ -398,7 +395,7 @@ def _cut(step, jaxpr, g, grp, ops, final_of, out_vars):
     (old states, its ops' outputs) and everything that leaves the group's elementwise
     region, the one nearest the new states; fill ``grp`` in place."""
     hidden_size = int(np.prod(grp.shape))
-    hidden_in = {jaxpr.invars[l] for l in grp.leaves}
+    hidden_in = {step.hidden_vars[l] for l in grp.leaves}
     sources = {v: _identity(grp.shape) for v in hidden_in}
     for op in ops:
         if op.group == g:
@@ -491,10 +488,9 @@ def _min_vertex_cut(nodes, edges, sources, sinks) -> list:
 def _parameter_paths(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups):
     """Parameters used outside ETP weight slots, and which of them enter a group's
     dynamics element by element (:class:`DynamicParam`)."""
-    nh, np_ = step.n_hidden, step.n_params
     direct_params, dynamic = {}, []
-    for p in range(np_):
-        src = {jaxpr.invars[nh + p]}
+    for p, var in enumerate(step.param_vars):
+        src = {var}
         for eqn in jaxpr.eqns:   # everything computed from the parameter outside ETP ops
             if any(v in src for v in eqn.invars if not is_literal(v)):
                 if not isinstance(eqn.primitive, ETPPrimitive):
@@ -516,7 +512,6 @@ def _parameter_paths(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups):
         direct_params[p] = 'hidden' if reaches_hidden else 'output'
         if not reaches_hidden:
             continue
-        var = jaxpr.invars[nh + p]
         reach = propagate(jaxpr, {var: _identity(var.aval.shape)}, final_of, broadcast=True)
         for g, grp in enumerate(groups):
             touched = [v for v in grp.cut + [f for f, l in final_of.items() if l in grp.leaves]

@@ -64,17 +64,18 @@ def reached_from(jaxpr, sources: set) -> set:
     return reached
 
 
-def dependency_sets(jaxpr, n_hidden: int, n_params: int) -> dict:
-    """For every var, the set of source kinds it depends on: ``'h'``, ``('p', i)``,
-    ``'x'`` (step input) and ``'y'`` (an ETP op output)."""
-    deps = {}
-    for i, v in enumerate(jaxpr.invars):
-        if i < n_hidden:
-            deps[v] = frozenset({'h'})
-        elif i < n_hidden + n_params:
-            deps[v] = frozenset({('p', i - n_hidden)})
-        else:
-            deps[v] = frozenset({'x'})
+def dependency_sets(jaxpr, sources: dict) -> dict:
+    """For every variable, the set of source kinds it is computed from.
+
+    Args:
+      jaxpr: the jaxpr.
+      sources: ``{input variable: kinds}``, the kinds (any hashable labels) each input
+        stands for.
+
+    Returns:
+      ``{variable: frozenset of kinds}``; the outputs of an ETP op also carry ``'y'``.
+    """
+    deps = {v: frozenset(kinds) for v, kinds in sources.items()}
     for eqn in jaxpr.eqns:
         d = frozenset().union(*[deps.get(v, frozenset()) for v in eqn.invars if not is_literal(v)])
         if isinstance(eqn.primitive, ETPPrimitive):

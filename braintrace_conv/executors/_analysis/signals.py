@@ -118,10 +118,8 @@ def jacobian_reads_only_state(graph: StepGraph) -> bool:
     derivative). A Jacobian that depends on neither (a leak) stays in its step, where XLA
     folds it to a constant."""
     step = graph.step
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
-             for v in step.closed_jaxpr.jaxpr.invars]
-    h, p, x = (avals[:step.n_hidden], avals[step.n_hidden:step.n_hidden + step.n_params],
-               avals[step.n_hidden + step.n_params:])
+    specs = lambda variables: [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in variables]
+    h, p, x = specs(step.hidden_vars), specs(step.param_vars), specs(step.input_vars)
     ys = {k: jax.ShapeDtypeStruct(op.y_aval.shape, op.y_aval.dtype)
           for k, op in enumerate(graph.ops)}
     jaxpr = jax.make_jaxpr(lambda h, p, x, ys: state_jacobian(graph, h, p, graph.weights(p),

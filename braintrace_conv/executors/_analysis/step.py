@@ -31,8 +31,10 @@ class TracedStep:
     """One step of a model as a closed jaxpr over flat leaves.
 
     ``closed_jaxpr`` maps ``(*hidden, *params, *inputs)`` leaves to
-    ``(*new_hidden, *outputs)`` leaves. ``hidden_names`` / ``param_names``
-    name every leaf; ``out_tree`` rebuilds the model output.
+    ``(*new_hidden, *outputs)`` leaves; its variables for each group are
+    :attr:`hidden_vars`, :attr:`param_vars`, :attr:`input_vars`,
+    :attr:`new_hidden_vars` and :attr:`output_vars`. ``hidden_names`` /
+    ``param_names`` name every leaf; ``out_tree`` rebuilds the model output.
     """
     closed_jaxpr: Any
     model: Any
@@ -51,6 +53,40 @@ class TracedStep:
     @property
     def n_params(self) -> int:
         return len(self.param_names)
+
+    @property
+    def hidden_vars(self) -> list:
+        """The jaxpr's input variables of the hidden leaves ``h^{t-1}``."""
+        return self.closed_jaxpr.jaxpr.invars[:self.n_hidden]
+
+    @property
+    def param_vars(self) -> list:
+        """The jaxpr's input variables of the parameter leaves."""
+        return self.closed_jaxpr.jaxpr.invars[self.n_hidden:self.n_hidden + self.n_params]
+
+    @property
+    def input_vars(self) -> list:
+        """The jaxpr's input variables of the step's input leaves ``x^t``."""
+        return self.closed_jaxpr.jaxpr.invars[self.n_hidden + self.n_params:]
+
+    @property
+    def new_hidden_vars(self) -> list:
+        """The jaxpr's output variables (or literals) of the new hidden leaves ``h^t``."""
+        return self.closed_jaxpr.jaxpr.outvars[:self.n_hidden]
+
+    @property
+    def output_vars(self) -> list:
+        """The jaxpr's output variables (or literals) of the model output leaves."""
+        return self.closed_jaxpr.jaxpr.outvars[self.n_hidden:]
+
+    def dependencies(self) -> dict:
+        """For every variable, the kinds of source it is computed from (see
+        :func:`~.jaxpr.dependency_sets`): ``'h'`` (hidden leaves), ``('p', i)``
+        (parameter leaf ``i``), ``'x'`` (input leaves) and ``'y'`` (ETP op outputs)."""
+        sources = {v: {'h'} for v in self.hidden_vars}
+        sources.update({v: {('p', i)} for i, v in enumerate(self.param_vars)})
+        sources.update({v: {'x'} for v in self.input_vars})
+        return dependency_sets(self.closed_jaxpr.jaxpr, sources)
 
     # States are looked up on every use: re-initialising a model replaces its state objects.
     def _states(self, kind, keys):
@@ -178,19 +214,20 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
     x_specs = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in x_leaves]
     with jax.disable_jit():   # inline every jitted helper so ETP ops sit at top level
         closed = jax.make_jaxpr(lambda a, b: step(a, b))(specs, x_specs)
-    closed = _lift_plain_ops(closed, len(hidden_names), len(param_names))
-    return TracedStep(closed, model, list(hidden_map.keys()), list(param_map.keys()),
+    step = TracedStep(closed, model, list(hidden_map.keys()), list(param_map.keys()),
                       hidden_names, param_names, hidden_treedefs, param_treedefs,
                       out_tree_box[-1])
+    return dataclasses.replace(step, closed_jaxpr=_lift_plain_ops(step))
 
 
-def _lift_plain_ops(closed, n_hidden: int, n_params: int):
+def _lift_plain_ops(step: TracedStep):
     """Re-trace ``closed`` with plain ops rebound as ETP ops where a lift rule applies
     (weight operand from parameters only, data operand from states or inputs),
     sum/average pooling right after a convolution folded into it, and ``custom_vjp``
     functions given a forward-mode rule (:func:`_forward_mode`)."""
+    closed = step.closed_jaxpr
     jaxpr = closed.jaxpr
-    deps = dependency_sets(jaxpr, n_hidden, n_params)
+    deps = step.dependencies()
     params_only = lambda v: is_literal(v) or not (deps.get(v, frozenset()) & {'h', 'x', 'y'})
     lifts = {}
     for i, eqn in enumerate(jaxpr.eqns):
