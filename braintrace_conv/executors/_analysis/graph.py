@@ -42,7 +42,8 @@ import numpy as np
 from jax import lax
 
 from ...primitive import ETPPrimitive
-from .jaxpr import bind_eqn, contains_etp, depends_on, is_literal, sub_jaxpr
+from .jaxpr import (bind_eqn, contains_etp, depends_on, interpret, is_literal, read,
+                    sub_jaxpr)
 from .positions import MIXED, propagate
 from .step import TracedStep
 
@@ -179,67 +180,50 @@ class StepGraph:
           ``(new_hidden, outputs, record)`` with ``record = dict(xs=, ys=, cut=)``:
           op inputs and outputs by op index, and the values of ``cut_vars``.
         """
-        closed = self.step.closed_jaxpr
-        jaxpr = closed.jaxpr
-        env = {}
         eps, override = eps or {}, override or {}
+        op_at = {op.eqn: k for k, op in enumerate(self.ops)}
+        xs, ys = {}, {}
 
         def write(v, val):
             if v in override:
                 val = override[v]
-            if v in eps:
-                val = val + eps[v]
-            env[v] = val
+            return val + eps[v] if v in eps else val
 
-        read = lambda v: v.val if is_literal(v) else env[v]
-        for v, val in zip(jaxpr.constvars, closed.consts):
-            env[v] = val
-        for v, val in zip(jaxpr.invars, [*hidden, *params, *inputs]):
-            write(v, val)
-        op_at = {op.eqn: k for k, op in enumerate(self.ops)}
-        xs, ys = {}, {}
-        for i, eqn in enumerate(jaxpr.eqns):
-            invals = [read(v) for v in eqn.invars]
+        def bind(i, eqn, invals):
             k = op_at.get(i)
-            if k is not None:
-                op = self.ops[k]
-                if weights is not None:
-                    for name, slot in op.weight_slots.items():
-                        invals[slot] = weights[k][name]
-                xs[k] = invals[op.primitive.x_invar_index]
-                if cut_etp is not None:
-                    y = lax.stop_gradient(cut_etp[k])
-                else:
-                    y = eqn.primitive.bind(*invals, **eqn.params)
-                ys[k] = y
-                outs = [y + delta[k] if delta is not None and k in delta else y]
-            else:
-                outs = bind_eqn(eqn, invals)
+            if k is None:
                 if hold_custom and eqn.primitive.name.startswith(('custom_jvp', 'custom_vjp')):
-                    outs = [lax.stop_gradient(o) for o in outs]
-            for v, val in zip(eqn.outvars, outs):
-                write(v, val)
+                    return [lax.stop_gradient(o) for o in bind_eqn(eqn, invals)]
+                return None
+            op = self.ops[k]
+            if weights is not None:
+                for name, slot in op.weight_slots.items():
+                    invals[slot] = weights[k][name]
+            xs[k] = invals[op.primitive.x_invar_index]
+            if cut_etp is not None:
+                ys[k] = lax.stop_gradient(cut_etp[k])
+            else:
+                ys[k] = eqn.primitive.bind(*invals, **eqn.params)
+            return [ys[k] + delta[k] if delta is not None and k in delta else ys[k]]
+
+        step = self.step
+        env = interpret(step.closed_jaxpr, dict(zip(step.closed_jaxpr.jaxpr.invars,
+                                                   [*hidden, *params, *inputs])),
+                       bind=bind, write=write)
         record = dict(xs=xs, ys=ys, cut=[env[v] for v in self.cut_vars])
-        return ([read(v) for v in self.step.new_hidden_vars],
-                [read(v) for v in self.step.output_vars], record)
+        return ([read(env, v) for v in step.new_hidden_vars],
+                [read(env, v) for v in step.output_vars], record)
 
     def weights(self, params):
         """``{op_index: {slot: value}}``: the ETP weight operands as functions of params."""
-        closed = self.step.closed_jaxpr
-        jaxpr = closed.jaxpr
-        env = {}
-        read = lambda v: v.val if is_literal(v) else env.get(v)
-        for v, val in zip(jaxpr.constvars, closed.consts):
-            env[v] = val
-        for v, val in zip(self.step.param_vars, params):
-            env[v] = val
-        for eqn in jaxpr.eqns:
-            invals = [read(v) for v in eqn.invars]
+        def bind(i, eqn, invals):   # only what the parameters determine, ops excluded
             if any(val is None for val in invals) or isinstance(eqn.primitive, ETPPrimitive):
-                continue
-            for v, val in zip(eqn.outvars, bind_eqn(eqn, invals)):
-                env[v] = val
-        return [{name: read(jaxpr.eqns[op.eqn].invars[slot])
+                return [None] * len(eqn.outvars)
+            return None
+
+        closed = self.step.closed_jaxpr
+        env = interpret(closed, dict(zip(self.step.param_vars, params)), bind=bind)
+        return [{name: read(env, closed.jaxpr.eqns[op.eqn].invars[slot])
                  for name, slot in op.weight_slots.items()} for op in self.ops]
 
     def y_layout(self, op: EtpOp, hidden_array, n_extra: int):

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...conv import etp_conv_p
 from ...primitive import ETPPrimitive
-from .jaxpr import bind_eqn, dependency_sets, is_literal
+from .jaxpr import bind_eqn, dependency_sets, interpret, is_literal, read
 from .lift import lift_rule
 
 
@@ -137,9 +137,10 @@ class TracedStep:
 
     def evaluate(self, hidden, params, inputs):
         """Plain evaluation: ``(new hidden leaves, output leaves)``."""
-        flat = jax.core.eval_jaxpr(self.closed_jaxpr.jaxpr, self.closed_jaxpr.consts,
-                                   *hidden, *params, *inputs)
-        return flat[:self.n_hidden], flat[self.n_hidden:]
+        env = interpret(self.closed_jaxpr, dict(zip(self.closed_jaxpr.jaxpr.invars,
+                                                    [*hidden, *params, *inputs])))
+        return ([read(env, v) for v in self.new_hidden_vars],
+                [read(env, v) for v in self.output_vars])
 
 
 def _leaf_names(key, value):
