@@ -18,12 +18,8 @@ import jax
 import jax.numpy as jnp
 import saiunit as u
 
-import numpy as np
-
-from ...conv import etp_conv_p
-from ...primitive import ETPPrimitive
-from .jaxpr import bind_eqn, dependency_sets, interpret, is_literal, read
-from .lift import lift_rule
+from .jaxpr import dependency_sets, interpret, read
+from .lift import lift_plain_ops
 
 
 @dataclasses.dataclass
@@ -192,7 +188,7 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
     out_tree_box = []
     known = set(map(id, every))
 
-    def step(hidden_and_params, xs):
+    def flat_update(hidden_and_params, xs):
         with _values_set(every, treedefs, hidden_and_params):
             with brainstate.StateTraceStack() as stack:   # records the model's own writes
                 out = model.update(jax.tree.unflatten(x_tree, xs))
@@ -214,161 +210,8 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
     specs = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in leaves]
     x_specs = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in x_leaves]
     with jax.disable_jit():   # inline every jitted helper so ETP ops sit at top level
-        closed = jax.make_jaxpr(lambda a, b: step(a, b))(specs, x_specs)
+        closed = jax.make_jaxpr(flat_update)(specs, x_specs)
     step = TracedStep(closed, model, list(hidden_map.keys()), list(param_map.keys()),
                       hidden_names, param_names, hidden_treedefs, param_treedefs,
                       out_tree_box[-1])
-    return dataclasses.replace(step, closed_jaxpr=_lift_plain_ops(step))
-
-
-def _lift_plain_ops(step: TracedStep):
-    """Re-trace ``closed`` with plain ops rebound as ETP ops where a lift rule applies
-    (weight operand from parameters only, data operand from states or inputs),
-    sum/average pooling right after a convolution folded into it, and ``custom_vjp``
-    functions given a forward-mode rule (:func:`_forward_mode`)."""
-    closed = step.closed_jaxpr
-    jaxpr = closed.jaxpr
-    deps = step.dependencies()
-    params_only = lambda v: is_literal(v) or not (deps.get(v, frozenset()) & {'h', 'x', 'y'})
-    lifts = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        found = lift_rule(eqn.primitive.name)
-        if found is None:
-            continue
-        rule, w = found
-        others = [v for p, v in enumerate(eqn.invars) if p != w]
-        if params_only(eqn.invars[w]) and not all(params_only(v) for v in others):
-            lifts[i] = rule
-    convs = {i for i, e in enumerate(jaxpr.eqns)
-             if e.primitive is etp_conv_p or (i in lifts and e.primitive.name == 'conv_general_dilated')}
-    folds = _pool_folds(jaxpr, convs, params_only)
-    vjp_calls = {i for i, e in enumerate(jaxpr.eqns) if e.primitive.name == 'custom_vjp_call'}
-    if not lifts and not folds and not vjp_calls:
-        return closed
-
-    def run(*args):
-        env = dict(zip(jaxpr.constvars, closed.consts))
-        env.update(zip(jaxpr.invars, args))
-        read = lambda v: v.val if is_literal(v) else env[v]
-        pending, skip = {}, set()
-        for i, eqn in enumerate(jaxpr.eqns):
-            if i in skip:
-                continue
-            if i in pending:                   # the pooling of a folded convolution
-                (prim, operands, params), fold = pending.pop(i)
-                out = prim.bind(*operands, **params, pool=fold.pool)
-                if fold.bias is not None:      # pool(y + c) = pool(y) + pool(c)
-                    shape = jaxpr.eqns[fold.bias_eqn].outvars[0].aval.shape
-                    c = jnp.broadcast_to(read(fold.bias), shape)
-                    scale = jnp.asarray(fold.pool[3], c.dtype)
-                    out = out + eqn.primitive.bind(c, **eqn.params) * scale
-                last = jaxpr.eqns[fold.scale_eqn] if fold.scale_eqn is not None else eqn
-                skip.add(fold.scale_eqn)
-                env[last.outvars[0]] = out
-                continue
-            invals = [read(v) for v in eqn.invars]
-            bound = lifts[i](invals, eqn.params) if i in lifts else None
-            if bound is None and isinstance(eqn.primitive, ETPPrimitive):
-                bound = eqn.primitive, invals, dict(eqn.params)
-            if i in folds:                     # bind later, with the pooling
-                pending[folds[i].reduce_eqn] = (bound, folds[i])
-                skip.add(folds[i].bias_eqn)
-                continue
-            if bound is not None:
-                outs = [bound[0].bind(*bound[1], **bound[2])]
-            elif i in vjp_calls:
-                outs = _forward_mode(eqn)(*invals)
-            else:
-                outs = bind_eqn(eqn, invals)
-            env.update(zip(eqn.outvars, outs))
-        return [read(v) for v in jaxpr.outvars]
-
-    specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars]
-    return jax.make_jaxpr(run)(*specs)
-
-
-def _forward_mode(eqn):
-    """A ``custom_vjp`` call as a ``custom_jvp`` function with the same value, whose JVP
-    is the transpose of the user's VJP.
-
-    The online executors differentiate a step forward in time, which JAX refuses
-    through ``custom_vjp``. A VJP rule is linear in the cotangent, so its transpose is
-    the JVP that BPTT implicitly uses: D-RTRL stays exact, whatever the function (a
-    spike with a surrogate derivative, typically). Reverse mode through the new
-    function transposes that JVP back to the user's VJP.
-    """
-    @jax.custom_jvp
-    def call(*args):
-        return bind_eqn(eqn, list(args))
-
-    @call.defjvp
-    def jvp(primals, tangents):
-        outs, vjp = jax.vjp(call.fun, *primals)
-        out_tangents, = jax.linear_transpose(vjp, outs)(tuple(tangents))
-        return outs, out_tangents
-
-    return call
-
-
-@dataclasses.dataclass(frozen=True)
-class _PoolFold:
-    """A sum/average pooling read from a convolution's output, to fold into the op:
-    ``scale * reduce_window_sum(y [+ c])``, with ``c`` (a bias) computed from
-    parameters only. Fields are equation indices, the bias variable and the op's
-    ``pool`` parameter ``(window, strides, padding, scale)``."""
-    reduce_eqn: int
-    scale_eqn: int | None
-    bias_eqn: int | None
-    bias: Any
-    pool: tuple
-
-
-def _pool_folds(jaxpr, convs, params_only) -> dict:
-    """``{conv eqn: _PoolFold}`` for a convolution whose only reader is a
-    ``reduce_window_sum`` over spatial axes -- directly, or through the addition of a
-    parameter-only bias -- optionally followed by a multiplication or division by a
-    constant scalar (average pooling)."""
-    readers = {}
-    for j, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.invars:
-            if not is_literal(v):
-                readers.setdefault(v, []).append(j)
-    outs = {v for v in jaxpr.outvars if not is_literal(v)}
-    only_reader = lambda v: readers.get(v, [None])[0] if len(readers.get(v, [])) == 1 \
-        and v not in outs else None
-    folds = {}
-    for i in sorted(convs):
-        eqn = jaxpr.eqns[i]
-        if eqn.params.get('pool') is not None:
-            continue
-        y, bias_eqn, bias = eqn.outvars[0], None, None
-        j = only_reader(y)
-        if j is not None and jaxpr.eqns[j].primitive.name == 'add':
-            a, b = jaxpr.eqns[j].invars
-            c = b if a is y else a
-            if c is y or not params_only(c):
-                continue
-            bias_eqn, bias, y = j, c, jaxpr.eqns[j].outvars[0]
-            j = only_reader(y)
-        if j is None or jaxpr.eqns[j].primitive.name != 'reduce_window_sum':
-            continue
-        rw = jaxpr.eqns[j].params
-        spec = eqn.params['dimension_numbers'].out_spec
-        window, strides = tuple(rw['window_dimensions']), tuple(rw['window_strides'])
-        padding = tuple(tuple(p) for p in rw['padding'])
-        if any(d != 1 for d in (*rw['base_dilation'], *rw['window_dilation'])) or \
-                any(window[a] != 1 or strides[a] != 1 or padding[a] != (0, 0) for a in spec[:2]):
-            continue
-        scale, k = 1.0, only_reader(jaxpr.eqns[j].outvars[0])
-        if k is not None and jaxpr.eqns[k].primitive.name in ('mul', 'div'):
-            a, b = jaxpr.eqns[k].invars
-            c = b if a is jaxpr.eqns[j].outvars[0] else a
-            if is_literal(c) and np.ndim(c.val) == 0 and \
-                    (jaxpr.eqns[k].primitive.name == 'mul' or b is c):
-                scale = float(c.val) if jaxpr.eqns[k].primitive.name == 'mul' else 1.0 / float(c.val)
-            else:
-                k = None
-        else:
-            k = None
-        folds[i] = _PoolFold(j, k, bias_eqn, bias, (window, strides, padding, scale))
-    return folds
+    return dataclasses.replace(step, closed_jaxpr=lift_plain_ops(step))
