@@ -367,6 +367,18 @@ def _init_pp(x_aval, y_aval, weight_avals, n_state, **p):
     return jnp.zeros((*y_aval.shape, n_state), y_aval.dtype)
 
 
+def _fold_pool(params, window, strides, padding, scale):
+    """``params`` with ``scale * reduce_window_sum(y)`` folded into the op (:func:`_pool`),
+    or ``None`` when the pooling also runs over the batch or channel axis or a pooling
+    is folded in already."""
+    if params.get('pool') is not None:
+        return None
+    if any(window[a] != 1 or strides[a] != 1 or padding[a] != (0, 0)
+           for a in params['dimension_numbers'].out_spec[:2]):
+        return None
+    return dict(params, pool=(window, strides, padding, scale))
+
+
 # --------------------------------------------------------------------------- JAX rules
 # The convolution is bilinear: the tangent in x is the primitive itself (no bias), so the
 # input gradient is this module's transposed convolution, which lowers like any other.
@@ -430,7 +442,7 @@ etp_conv_p = register_primitive('etp_conv', _conv_impl,
                                 linear_in_weights=True, jvp=_conv_jvp, transpose=_conv_transpose)
 etp_conv_p.register_etp_rules(yw_to_w=_yw_to_w, xy_to_dw=_xy_to_dw, init_drtrl=_init_drtrl,
                               init_pp=_init_pp, xdf_to_trace=_xdf_to_trace,
-                              trace_to_dw=_trace_to_dw)
+                              trace_to_dw=_trace_to_dw, fold_pool=_fold_pool)
 mlir.register_lowering(etp_conv_p, mlir.lower_fun(partial(_conv_impl,
                                                           convolution=_channels_last_conv),
                                                   multiple_results=False), platform='cpu')

@@ -45,6 +45,13 @@ primitive's own output layout unless said otherwise):
 ``trace_to_dw``    ``(trace, hidden_dim, weights, **params) -> dw``: contract a
                    trace with the learning signal ``hidden_dim = g^t``
                    (``(*y.shape, n)``) into a weight-shaped gradient.
+``fold_pool``      optional, ``(params, window, strides, padding, scale) ->
+                   params or None``: the op's parameters with
+                   ``scale * reduce_window_sum(y)`` (``lax.reduce_window``
+                   arguments in the output layout) folded into the op, or
+                   ``None`` when it cannot absorb that pooling. A pooling that
+                   is the only reader of the op's output is then folded in
+                   before the analysis, so the op reaches its neurons one to one.
 =================  =============================================================
 
 ``weights`` and ``dw`` are dicts keyed like ``trainable_invars_fn(params)``.

@@ -1,17 +1,24 @@
-"""Plain JAX layers as ETP ops: ``lax.conv_general_dilated`` and ``lax.dot_general``.
+"""A traced step rewritten for the analysis: plain ops lifted, poolings folded, forward mode.
 
-Users write layers with plain JAX (``brainstate.nn.Conv2d``, ``brainstate.nn.Linear``,
-hand-written ``x @ W``). When the weight operand of such an equation is computed
-from parameters only and its other operand carries the step's data, the executors
-rebind it as the ETP primitive whose rules apply (``etp_conv_p`` / ``etp_dense_p``),
-so it gets exactly the traces it would get if written with :func:`~braintrace_conv.conv`
-or :func:`~braintrace_conv.dense`. Results are unchanged: the ETP primitives compute
-the same function.
+:func:`lift_plain_ops` re-traces a step's jaxpr three ways, none of which changes
+what the step computes:
 
-:func:`register_lift` adds a rule for another JAX primitive; a rule receives the
-equation's operands and parameters and returns the ETP-op output, or ``None`` when
-the equation does not have a form it handles (it then stays a plain op, and a
-parameter reaching the state only through it is reported as instantaneous).
+* **lifting**: users write layers with plain JAX (``brainstate.nn.Conv2d``,
+  ``brainstate.nn.Linear``, hand-written ``x @ W``). When the weight operand of such
+  an equation is computed from parameters only and its other operand carries the
+  step's data, it is rebound as the ETP primitive whose rules apply (``etp_conv_p`` /
+  ``etp_dense_p``), so it gets exactly the traces it would get if written with
+  :func:`~braintrace_conv.conv` or :func:`~braintrace_conv.dense`.
+  :func:`register_lift` adds a rule for another JAX primitive: it receives the
+  equation's operands and parameters and returns ``(etp_primitive, operands,
+  params)``, or ``None`` when the equation does not have a form it handles (it then
+  stays a plain op, and a parameter reaching the state only through it is reported
+  as instantaneous);
+* **pooling folds**: a sum or average pooling that is the only reader of an ETP op's
+  output (possibly through a bias computed from parameters) becomes part of the op
+  when its primitive has a ``fold_pool`` rule, so the op's output maps one to one
+  onto the neurons it feeds;
+* **forward mode**: a ``custom_vjp`` function gets a JVP (:func:`_forward_mode`).
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from jax import lax
 from ...conv import etp_conv_p
 from ...dense import etp_dense_p
 from ...primitive import ETPPrimitive
-from .jaxpr import bind_eqn, is_literal
+from .jaxpr import bind_eqn, interpret, is_literal, read
 
 _LIFTS: dict[str, tuple[Callable, int]] = {}
 
@@ -79,69 +86,56 @@ register_lift('dot_general', _lift_dot, weight_operand=1)
 
 
 def lift_plain_ops(step):
-    """Re-trace ``closed`` with plain ops rebound as ETP ops where a lift rule applies
-    (weight operand from parameters only, data operand from states or inputs),
-    sum/average pooling right after a convolution folded into it, and ``custom_vjp``
-    functions given a forward-mode rule (:func:`_forward_mode`)."""
-    closed = step.closed_jaxpr
+    """The closed jaxpr of ``step`` (a :class:`~.step.TracedStep`) with plain ops lifted,
+    poolings folded into ETP ops and ``custom_vjp`` functions given a forward mode (see
+    the module docstring); ``step.closed_jaxpr`` itself when nothing applies."""
+    closed = _lift(step.closed_jaxpr, step.dependencies())
+    return _fold_poolings(closed, dataclasses.replace(step, closed_jaxpr=closed).dependencies())
+
+
+def _params_only(deps):
+    """Whether a variable (or literal) is computed from parameters only."""
+    return lambda v: is_literal(v) or not (deps.get(v, frozenset()) & {'h', 'x', 'y'})
+
+
+def _retrace(closed, bind):
+    """``closed`` evaluated with the ``bind`` hook of :func:`~.jaxpr.interpret`, as a
+    new closed jaxpr."""
     jaxpr = closed.jaxpr
-    deps = step.dependencies()
-    params_only = lambda v: is_literal(v) or not (deps.get(v, frozenset()) & {'h', 'x', 'y'})
+
+    def run(*args):
+        env = interpret(closed, dict(zip(jaxpr.invars, args)), bind=bind)
+        return [read(env, v) for v in jaxpr.outvars]
+
+    return jax.make_jaxpr(run)(*[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
+                                 for v in jaxpr.invars])
+
+
+def _lift(closed, deps):
+    """Lift rules applied (weight operand from parameters only, another operand from
+    states or inputs) and ``custom_vjp`` calls given a forward mode."""
+    params_only = _params_only(deps)
     lifts = {}
-    for i, eqn in enumerate(jaxpr.eqns):
+    for i, eqn in enumerate(closed.jaxpr.eqns):
         found = lift_rule(eqn.primitive.name)
         if found is None:
             continue
         rule, w = found
-        others = [v for p, v in enumerate(eqn.invars) if p != w]
+        others = [v for slot, v in enumerate(eqn.invars) if slot != w]
         if params_only(eqn.invars[w]) and not all(params_only(v) for v in others):
             lifts[i] = rule
-    convs = {i for i, e in enumerate(jaxpr.eqns)
-             if e.primitive is etp_conv_p or (i in lifts and e.primitive.name == 'conv_general_dilated')}
-    folds = _pool_folds(jaxpr, convs, params_only)
-    vjp_calls = {i for i, e in enumerate(jaxpr.eqns) if e.primitive.name == 'custom_vjp_call'}
-    if not lifts and not folds and not vjp_calls:
+    vjp_calls = {i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == 'custom_vjp_call'}
+    if not lifts and not vjp_calls:
         return closed
 
-    def run(*args):
-        env = dict(zip(jaxpr.constvars, closed.consts))
-        env.update(zip(jaxpr.invars, args))
-        read = lambda v: v.val if is_literal(v) else env[v]
-        pending, skip = {}, set()
-        for i, eqn in enumerate(jaxpr.eqns):
-            if i in skip:
-                continue
-            if i in pending:                   # the pooling of a folded convolution
-                (prim, operands, params), fold = pending.pop(i)
-                out = prim.bind(*operands, **params, pool=fold.pool)
-                if fold.bias is not None:      # pool(y + c) = pool(y) + pool(c)
-                    shape = jaxpr.eqns[fold.bias_eqn].outvars[0].aval.shape
-                    c = jnp.broadcast_to(read(fold.bias), shape)
-                    scale = jnp.asarray(fold.pool[3], c.dtype)
-                    out = out + eqn.primitive.bind(c, **eqn.params) * scale
-                last = jaxpr.eqns[fold.scale_eqn] if fold.scale_eqn is not None else eqn
-                skip.add(fold.scale_eqn)
-                env[last.outvars[0]] = out
-                continue
-            invals = [read(v) for v in eqn.invars]
-            bound = lifts[i](invals, eqn.params) if i in lifts else None
-            if bound is None and isinstance(eqn.primitive, ETPPrimitive):
-                bound = eqn.primitive, invals, dict(eqn.params)
-            if i in folds:                     # bind later, with the pooling
-                pending[folds[i].reduce_eqn] = (bound, folds[i])
-                skip.add(folds[i].bias_eqn)
-                continue
-            if bound is not None:
-                outs = [bound[0].bind(*bound[1], **bound[2])]
-            elif i in vjp_calls:
-                outs = _forward_mode(eqn)(*invals)
-            else:
-                outs = bind_eqn(eqn, invals)
-            env.update(zip(eqn.outvars, outs))
-        return [read(v) for v in jaxpr.outvars]
+    def bind(i, eqn, invals):
+        lifted = lifts[i](invals, eqn.params) if i in lifts else None
+        if lifted is not None:
+            prim, operands, params = lifted
+            return [prim.bind(*operands, **params)]
+        return _forward_mode(eqn)(*invals) if i in vjp_calls else None
 
-    specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars]
-    return jax.make_jaxpr(run)(*specs)
+    return _retrace(closed, bind)
 
 
 def _forward_mode(eqn):
@@ -169,22 +163,57 @@ def _forward_mode(eqn):
 
 @dataclasses.dataclass(frozen=True)
 class _PoolFold:
-    """A sum/average pooling read from a convolution's output, to fold into the op:
+    """A sum/average pooling read from an ETP op's output, to fold into the op:
     ``scale * reduce_window_sum(y [+ c])``, with ``c`` (a bias) computed from
-    parameters only. Fields are equation indices, the bias variable and the op's
-    ``pool`` parameter ``(window, strides, padding, scale)``."""
+    parameters only. Fields are equation indices, the bias variable, the scale and
+    the op's parameters with the pooling folded in (its ``fold_pool`` rule)."""
     reduce_eqn: int
     scale_eqn: int | None
     bias_eqn: int | None
     bias: Any
-    pool: tuple
+    scale: float
+    params: dict
 
 
-def _pool_folds(jaxpr, convs, params_only) -> dict:
-    """``{conv eqn: _PoolFold}`` for a convolution whose only reader is a
-    ``reduce_window_sum`` over spatial axes -- directly, or through the addition of a
-    parameter-only bias -- optionally followed by a multiplication or division by a
-    constant scalar (average pooling)."""
+def _fold_poolings(closed, deps):
+    """Poolings folded into the ETP ops they read (:func:`_pool_folds`)."""
+    jaxpr = closed.jaxpr
+    folds = _pool_folds(jaxpr, _params_only(deps))
+    if not folds:
+        return closed
+    by_reduce = {fold.reduce_eqn: i for i, fold in folds.items()}
+    by_bias = {fold.bias_eqn: i for i, fold in folds.items() if fold.bias_eqn is not None}
+    by_scale = {fold.scale_eqn: i for i, fold in folds.items() if fold.scale_eqn is not None}
+    operands, biases = {}, {}
+
+    def bind(i, eqn, invals):
+        if i in folds:                        # bound later, with the pooling
+            operands[i] = invals
+            return [None]
+        if i in by_bias:
+            biases[by_bias[i]] = invals[eqn.invars.index(folds[by_bias[i]].bias)]
+            return [None]
+        if i in by_reduce:
+            op, fold = by_reduce[i], folds[by_reduce[i]]
+            out = jaxpr.eqns[op].primitive.bind(*operands.pop(op), **fold.params)
+            if fold.bias is not None:         # pool(y + c) = pool(y) + pool(c)
+                shape = jaxpr.eqns[fold.bias_eqn].outvars[0].aval.shape
+                c = jnp.broadcast_to(biases.pop(op), shape)
+                out = out + eqn.primitive.bind(c, **eqn.params) * jnp.asarray(fold.scale, c.dtype)
+            return [out]
+        if i in by_scale:                     # the average's scale is in the op already
+            pooled = jaxpr.eqns[folds[by_scale[i]].reduce_eqn].outvars[0]
+            return [invals[eqn.invars.index(pooled)]]
+        return None
+
+    return _retrace(closed, bind)
+
+
+def _pool_folds(jaxpr, params_only) -> dict:
+    """``{op eqn: _PoolFold}`` for an ETP op with a ``fold_pool`` rule whose only reader
+    is a ``reduce_window_sum`` -- directly, or through the addition of a parameter-only
+    bias -- optionally followed by a multiplication or division by a constant scalar
+    (average pooling), and whose rule accepts that pooling."""
     readers = {}
     for j, eqn in enumerate(jaxpr.eqns):
         for v in eqn.invars:
@@ -194,9 +223,8 @@ def _pool_folds(jaxpr, convs, params_only) -> dict:
     only_reader = lambda v: readers.get(v, [None])[0] if len(readers.get(v, [])) == 1 \
         and v not in outs else None
     folds = {}
-    for i in sorted(convs):
-        eqn = jaxpr.eqns[i]
-        if eqn.params.get('pool') is not None:
+    for i, eqn in enumerate(jaxpr.eqns):
+        if not isinstance(eqn.primitive, ETPPrimitive) or 'fold_pool' not in eqn.primitive.etp_rules:
             continue
         y, bias_eqn, bias = eqn.outvars[0], None, None
         j = only_reader(y)
@@ -210,11 +238,7 @@ def _pool_folds(jaxpr, convs, params_only) -> dict:
         if j is None or jaxpr.eqns[j].primitive.name != 'reduce_window_sum':
             continue
         rw = jaxpr.eqns[j].params
-        spec = eqn.params['dimension_numbers'].out_spec
-        window, strides = tuple(rw['window_dimensions']), tuple(rw['window_strides'])
-        padding = tuple(tuple(p) for p in rw['padding'])
-        if any(d != 1 for d in (*rw['base_dilation'], *rw['window_dilation'])) or \
-                any(window[a] != 1 or strides[a] != 1 or padding[a] != (0, 0) for a in spec[:2]):
+        if any(d != 1 for d in (*rw['base_dilation'], *rw['window_dilation'])):
             continue
         scale, k = 1.0, only_reader(jaxpr.eqns[j].outvars[0])
         if k is not None and jaxpr.eqns[k].primitive.name in ('mul', 'div'):
@@ -227,5 +251,9 @@ def _pool_folds(jaxpr, convs, params_only) -> dict:
                 k = None
         else:
             k = None
-        folds[i] = _PoolFold(j, k, bias_eqn, bias, (window, strides, padding, scale))
+        params = eqn.primitive.rule('fold_pool')(
+            dict(eqn.params), tuple(rw['window_dimensions']), tuple(rw['window_strides']),
+            tuple(tuple(p) for p in rw['padding']), scale)
+        if params is not None:
+            folds[i] = _PoolFold(j, k, bias_eqn, bias, scale, params)
     return folds
