@@ -3,9 +3,8 @@ r"""The dense ETP primitive ``etp_dense_p`` and the ``dense`` wrapper.
 ``y[b, o] = sum_i x[b, i] W[i, o] + beta[o]`` with ``x: (B, in)``,
 ``W: (in, out)``. A dense layer is a convolution with no spatial dimensions
 (input layout ``NC``, kernel ``IO``, output ``NC``), so its ETP rules *are* the
-conv rules at rank 0: the D-RTRL kernel trace is ``(B, out, n, in)`` and the bias
-trace ``(B, out, n)``. Only the
-forward pass is specialised, to a matrix product.
+conv rules at rank 0: the D-RTRL kernel trace is ``(B, out, m, in)`` and the bias
+trace ``(B, out, m, 1)``. Only the forward pass is specialised, to a matrix product.
 """
 from __future__ import annotations
 
@@ -41,10 +40,10 @@ def _as_conv_rule(conv_rule):
     return rule
 
 
-def _xy_to_dw(x, hidden_dim, weights, *, has_bias):
-    """Weight-shaped VJP ``sum_b hidden_dim[b, o] * dy[b, o]/dtheta``."""
+def _xy_to_dw(x, cotangent, weights, *, has_bias):
+    """Weight-shaped VJP ``sum_b cotangent[b, o] * dy[b, o]/dtheta``."""
     operands = [x, weights['weight']] + ([weights['bias']] if has_bias else [])
-    return weight_vjp(etp_dense_p, operands, hidden_dim, has_bias=has_bias)
+    return weight_vjp(etp_dense_p, operands, cotangent, has_bias=has_bias)
 
 
 etp_dense_p = register_primitive('etp_dense', _dense_impl,

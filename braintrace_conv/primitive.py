@@ -23,28 +23,29 @@ online executors call (see ``docs/theory.md``, "rule contract"). Executors never
 primitive up by identity: any primitive registered here with the same rules
 is handled the same way.
 
-Rule contract (``y`` is the primitive's output, ``n`` the number of values per
+Rule contract (``y`` is the primitive's output, ``m`` the number of values per
 element at which the executors cut the state of the neurons the output feeds —
 its state variables for most neurons, see ``docs/theory.md`` — arrays in the
-primitive's own output layout unless said otherwise):
+primitive's own output layout unless said otherwise; the executors pass the
+arguments by position):
 
 =================  =============================================================
-``yw_to_w``        ``(hidden_dim, trace, **params) -> trace``: apply ``D^t``
-                   (``hidden_dim``: ``(*y.shape, n, n)``) to a D-RTRL trace,
+``yw_to_w``        ``(D, trace, **params) -> trace``: apply the state
+                   Jacobian ``D^t`` (``(*y.shape, m, m)``) to a D-RTRL trace,
                    position by position.
-``xy_to_dw``       ``(x, hidden_dim, weights, **params) -> dw``: the
-                   weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta`` for a
-                   cotangent ``hidden_dim`` of shape ``y.shape``.
-``init_drtrl``     ``(x_aval, y_aval, weight_avals, n_state, **params)``:
-                   zeros of the exact D-RTRL trace.
-``init_pp``        ``(x_aval, y_aval, weight_avals, n_state, **params)``:
-                   zeros of the ES-D-RTRL output trace, ``(*y.shape, n)``.
-``xdf_to_trace``   ``(x, hidden_dim, weights, **params) -> trace``: the
-                   per-position instantaneous term ``Df^t * dy/dtheta`` for
-                   ``hidden_dim = Df^t`` of shape ``(*y.shape, n)``.
-``trace_to_dw``    ``(trace, hidden_dim, weights, **params) -> dw``: contract a
-                   trace with the learning signal ``hidden_dim = g^t``
-                   (``(*y.shape, n)``) into a weight-shaped gradient.
+``xy_to_dw``       ``(x, cotangent, weights, **params) -> dw``: the
+                   weight-shaped VJP ``sum_{b,s} cotangent * dy/dtheta`` for a
+                   ``cotangent`` of shape ``y.shape``.
+``init_drtrl``     ``(x_aval, y_aval, weight_avals, m, **params)``: zeros of
+                   the exact D-RTRL trace.
+``init_pp``        ``(x_aval, y_aval, weight_avals, m, **params)``: zeros of
+                   the ES-D-RTRL output trace, ``(*y.shape, m)``.
+``xdf_to_trace``   ``(x, Df, weights, **params) -> trace``: the per-position
+                   instantaneous term ``Df^t * dy/dtheta`` for ``Df^t`` of
+                   shape ``(*y.shape, m)``.
+``trace_to_dw``    ``(trace, g, weights, **params) -> dw``: contract a trace
+                   with the learning signal ``g^t`` (``(*y.shape, m)``) into a
+                   weight-shaped gradient.
 ``fold_pool``      optional, ``(params, window, strides, padding, scale) ->
                    params or None``: the op's parameters with
                    ``scale * reduce_window_sum(y)`` (``lax.reduce_window``
@@ -275,10 +276,10 @@ def weight_vjp(prim: ETPPrimitive, operands, cotangent, **params) -> dict:
 
 
 def apply_state_jacobian(jacobian, trace):
-    """``out[..., m] = sum_k jacobian[..., m, k] * trace[..., k]``.
+    """``out[..., i] = sum_j jacobian[..., i, j] * trace[..., j]``.
 
-    Applies the per-element ``n x n`` state Jacobian ``D^t`` to an
-    output-shaped trace whose last axis runs over the ``n`` state variables.
+    Applies the per-element ``m x m`` state Jacobian ``D^t`` to an
+    output-shaped trace whose last axis runs over the ``m`` cut values.
     """
     if jacobian.shape[-1] == 1:
         return jacobian[..., 0] * trace
