@@ -62,7 +62,7 @@ class D_RTRL(OnlineLearner):
             d, df = self.signals_in_y_layout(graph, k, sig)
             rule, w = op.primitive.rule, self.op_weights(graph, k, weights)
             new[k] = jax.tree.map(jnp.add, rule('yw_to_w')(d, traces[k], **op.params),
-                                  rule('xdf_to_trace')(sig.xs[k], df, w, **op.params))
+                                  rule('xdf_to_trace')(sig.op_inputs[k], df, w, **op.params))
         return new
 
     def _contract(self, graph, k, traces, g, weights):

@@ -150,7 +150,7 @@ class ES_D_RTRL(OnlineLearner):
         decays = self.decays(graph)
         alphas = [decays[k] for k in readers]
         norms = [a * z + 1.0 for a, z in zip(alphas, state['norm'])]
-        x_traces = [a * trace + sig.xs[k].astype(trace.dtype)
+        x_traces = [a * trace + sig.op_inputs[k].astype(trace.dtype)
                     for a, trace, k in zip(alphas, state['x'], readers)]
         out_traces = {}
         for k in slots:

@@ -1,6 +1,6 @@
 r"""What an online executor learns from one traced step: ops, groups, cuts.
 
-:func:`analyse` reads a :class:`~.trace.TracedStep` and finds, with no
+:func:`analyse` reads a :class:`~.step.StepJaxpr` and finds, with no
 per-model code (``docs/theory.md`` gives the math):
 
 * the ETP operations, their input ``x`` and the parameters their trainable
@@ -45,7 +45,7 @@ from ...primitive import ETPPrimitive
 from .jaxpr import (bind_eqn, contains_etp, depends_on, interpret, is_literal, read,
                     sub_jaxpr)
 from .positions import MIXED, propagate
-from .step import TracedStep
+from .step import StepJaxpr
 
 
 @dataclasses.dataclass
@@ -146,7 +146,7 @@ class DynamicParam:
 @dataclasses.dataclass
 class StepGraph:
     """The result of :func:`analyse`."""
-    step: TracedStep
+    step: StepJaxpr
     ops: list[EtpOp]
     groups: list[Group]
     group_of_leaf: dict
@@ -159,7 +159,7 @@ class StepGraph:
 
     # ---------------------------------------------------------------- evaluation
     def run(self, hidden, params, inputs, *, weights=None, eps=None, override=None,
-            delta=None, cut_etp=None, hold_custom=False):
+            delta=None, op_outputs=None, hold_custom=False):
         """Evaluate the step with hooks.
 
         Args:
@@ -170,19 +170,20 @@ class StepGraph:
             every later use within the step sees it.
           override: ``{var: value}`` replacing cut values (paths into them are cut).
           delta: ``{op_index: perturbation}`` added to ETP op outputs.
-          cut_etp: ``{op_index: y}``, the ETP op outputs of this step: they
+          op_outputs: ``{op_index: y}``, the ETP op outputs of this step: they
             replace the ops (no recomputation), which cuts every path
             through them.
           hold_custom: treat functions with a custom derivative (surrogate
             spikes) as constants, leaving the leak of the dynamics.
 
         Returns:
-          ``(new_hidden, outputs, record)`` with ``record = dict(xs=, ys=, cut=)``:
-          op inputs and outputs by op index, and the values of ``cut_vars``.
+          ``(new_hidden, outputs, record)`` with ``record = dict(op_inputs=,
+          op_outputs=, cut=)``: op inputs and outputs by op index, and the values of
+          ``cut_vars``.
         """
         eps, override = eps or {}, override or {}
         op_at = {op.eqn: k for k, op in enumerate(self.ops)}
-        xs, ys = {}, {}
+        op_inputs, outputs = {}, {}
 
         def write(v, val):
             if v in override:
@@ -199,18 +200,19 @@ class StepGraph:
             if weights is not None:
                 for name, slot in op.weight_slots.items():
                     invals[slot] = weights[k][name]
-            xs[k] = invals[op.primitive.x_invar_index]
-            if cut_etp is not None:
-                ys[k] = lax.stop_gradient(cut_etp[k])
+            op_inputs[k] = invals[op.primitive.x_invar_index]
+            if op_outputs is not None:
+                outputs[k] = lax.stop_gradient(op_outputs[k])
             else:
-                ys[k] = eqn.primitive.bind(*invals, **eqn.params)
-            return [ys[k] + delta[k] if delta is not None and k in delta else ys[k]]
+                outputs[k] = eqn.primitive.bind(*invals, **eqn.params)
+            return [outputs[k] + delta[k] if delta is not None and k in delta else outputs[k]]
 
         step = self.step
         env = interpret(step.closed_jaxpr, dict(zip(step.closed_jaxpr.jaxpr.invars,
                                                    [*hidden, *params, *inputs])),
                        bind=bind, write=write)
-        record = dict(xs=xs, ys=ys, cut=[env[v] for v in self.cut_vars])
+        record = dict(op_inputs=op_inputs, op_outputs=outputs,
+                      cut=[env[v] for v in self.cut_vars])
         return ([read(env, v) for v in step.new_hidden_vars],
                 [read(env, v) for v in step.output_vars], record)
 
@@ -236,7 +238,7 @@ class StepGraph:
 
 
 # ----------------------------------------------------------------------------- analysis
-def analyse(step: TracedStep) -> StepGraph:
+def analyse(step: StepJaxpr) -> StepGraph:
     """Discover ops, groups, cuts and parameter paths of a traced step (module docstring).
 
     Raises:

@@ -86,7 +86,7 @@ register_lift('dot_general', _lift_dot, weight_operand=1)
 
 
 def lift_plain_ops(step):
-    """The closed jaxpr of ``step`` (a :class:`~.step.TracedStep`) with plain ops lifted,
+    """The closed jaxpr of ``step`` (a :class:`~.step.StepJaxpr`) with plain ops lifted,
     poolings folded into ETP ops and ``custom_vjp`` functions given a forward mode (see
     the module docstring); ``step.closed_jaxpr`` itself when nothing applies."""
     closed = _lift(step.closed_jaxpr, step.dependencies())
@@ -124,7 +124,8 @@ def _lift(closed, deps):
         others = [v for slot, v in enumerate(eqn.invars) if slot != w]
         if params_only(eqn.invars[w]) and not all(params_only(v) for v in others):
             lifts[i] = rule
-    vjp_calls = {i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == 'custom_vjp_call'}
+    vjp_calls = {i for i, e in enumerate(closed.jaxpr.eqns)
+                 if e.primitive.name == 'custom_vjp_call'}
     if not lifts and not vjp_calls:
         return closed
 
@@ -224,7 +225,7 @@ def _pool_folds(jaxpr, params_only) -> dict:
         and v not in outs else None
     folds = {}
     for i, eqn in enumerate(jaxpr.eqns):
-        if not isinstance(eqn.primitive, ETPPrimitive) or 'fold_pool' not in eqn.primitive.etp_rules:
+        if not (isinstance(eqn.primitive, ETPPrimitive) and 'fold_pool' in eqn.primitive.etp_rules):
             continue
         y, bias_eqn, bias = eqn.outvars[0], None, None
         j = only_reader(y)

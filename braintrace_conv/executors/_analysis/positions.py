@@ -88,14 +88,14 @@ def positions_through(eqn, index_in: dict, *, broadcast: bool = False):
         return [result] * len(out_avals)
     if len(index_in) != 1:
         raise Mixing(name)
-    (pos, idx), = index_in.items()
-    if name == 'reshape' and pos == 0:
+    (slot, idx), = index_in.items()
+    if name == 'reshape' and slot == 0:
         return [np.reshape(idx, eqn.params['new_sizes'])]
     if name == 'transpose':
         return [np.transpose(idx, eqn.params['permutation'])]
     if name == 'squeeze':
         return [np.squeeze(idx, tuple(eqn.params['dimensions']))]
-    if name == 'broadcast_in_dim' and pos == 0:
+    if name == 'broadcast_in_dim' and slot == 0:
         shape = eqn.params['shape']
         if int(np.prod(shape)) != idx.size and not broadcast:
             raise Mixing('broadcast_in_dim (copies one position to many)')
@@ -253,7 +253,7 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, *, stop_at_finals: bool 
 
     def visit(eqns, index, top):
         for i, eqn in enumerate(eqns):
-            deps = {p: index[v] for p, v in enumerate(eqn.invars)
+            deps = {slot: index[v] for slot, v in enumerate(eqn.invars)
                     if not is_literal(v) and v in index}
             if not deps:
                 continue
@@ -270,7 +270,7 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, *, stop_at_finals: bool 
             sub = sub_jaxpr(eqn)
             try:
                 if sub is not None and len(sub.invars) == len(eqn.invars):
-                    inner = {sub.invars[p]: idx for p, idx in deps.items()}
+                    inner = {sub.invars[slot]: idx for slot, idx in deps.items()}
                     visit(sub.eqns, inner, False)
                     outs = [inner.get(v) if not is_literal(v) else None for v in sub.outvars]
                     if any(o is MIXED for o in outs):
@@ -281,12 +281,12 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, *, stop_at_finals: bool 
                 reach.mixing = reach.mixing or str(err)
                 outs = [MIXED] * len(eqn.outvars)
                 if top:
-                    reach.sinks.update(eqn.invars[p] for p in deps)
+                    reach.sinks.update(eqn.invars[slot] for slot in deps)
             for v, idx in zip(eqn.outvars, outs):
                 if idx is None:
                     continue
                 if top and idx is not MIXED:
-                    reach.edges.extend((eqn.invars[p], v) for p in deps)
+                    reach.edges.extend((eqn.invars[slot], v) for slot in deps)
                 if top and v in final_of:
                     reach.finals[final_of[v]] = idx
                     if stop_at_finals:

@@ -40,7 +40,7 @@ class StepSignals:
     loss: jax.Array
     new_hidden: list
     outputs: list
-    xs: dict            # op index -> x^t
+    op_inputs: dict     # op index -> x^t
     g: list             # per group: (*group.shape, m)
     gamma: dict         # readout op index -> dL/dy
     direct_grads: list  # per direct parameter (sorted leaf order): within-step gradient
@@ -96,12 +96,12 @@ def _stack_columns(columns, count):
     return jnp.stack(columns[:count], axis=-1)
 
 
-def state_jacobian(graph: StepGraph, hidden, params, weights, inputs, ys, *,
+def state_jacobian(graph: StepGraph, hidden, params, weights, inputs, op_outputs, *,
                    hold_custom: bool = False) -> list:
     """``A = dz/dh_prev`` per group, ``(*group.shape, m, n)``: one forward-mode pass per
-    state variable through the step with its ETP outputs ``ys`` (``{op index: y}``) in
+    state variable through the step with its ETP outputs ``op_outputs`` (``{op index: y}``) in
     place of the ops, so no convolution is recomputed."""
-    run = lambda h: graph.run(h, params, inputs, weights=weights, cut_etp=ys,
+    run = lambda h: graph.run(h, params, inputs, weights=weights, op_outputs=op_outputs,
                               hold_custom=hold_custom)[2]['cut']
     n_max = max([grp.n for grp in graph.groups], default=0)
     cols = [_per_group(graph, jax.jvp(run, (hidden,), (_hidden_basis(graph, hidden, c),))[1])
@@ -120,10 +120,10 @@ def jacobian_reads_only_state(graph: StepGraph) -> bool:
     step = graph.step
     specs = lambda variables: [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in variables]
     h, p, x = specs(step.hidden_vars), specs(step.param_vars), specs(step.input_vars)
-    ys = {k: jax.ShapeDtypeStruct(op.y_aval.shape, op.y_aval.dtype)
-          for k, op in enumerate(graph.ops)}
-    jaxpr = jax.make_jaxpr(lambda h, p, x, ys: state_jacobian(graph, h, p, graph.weights(p),
-                                                              x, ys))(h, p, x, ys).jaxpr
+    y = {k: jax.ShapeDtypeStruct(op.y_aval.shape, op.y_aval.dtype)
+         for k, op in enumerate(graph.ops)}
+    jaxpr = jax.make_jaxpr(lambda h, p, x, y: state_jacobian(graph, h, p, graph.weights(p),
+                                                             x, y))(h, p, x, y).jaxpr
     n_h, first_x = len(h), len(h) + len(p)
     reaches = lambda sources: any(not is_literal(v) and v in reached_from(jaxpr, sources)
                                   for v in jaxpr.outvars)
@@ -132,7 +132,7 @@ def jacobian_reads_only_state(graph: StepGraph) -> bool:
 
 def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss_fn,
                  release, *, hold_custom: bool = False, A=None,
-                 next_jacobian: bool = False, ys=None) -> StepSignals:
+                 next_jacobian: bool = False, op_outputs=None) -> StepSignals:
     """Evaluate one step and all learning signals (see module docstring).
 
     Args:
@@ -147,7 +147,7 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
       A: this step's :func:`state_jacobian`, if already evaluated (see
         :func:`jacobian_reads_only_state`); computed here otherwise.
       next_jacobian: also evaluate the next step's, at the new state (``A_next``).
-      ys: the step's ETP outputs (``{op index: y}``) if already computed: no op is
+      op_outputs: the step's ETP outputs (``{op index: y}``) if already computed: no op is
         evaluated again, but every path through an op is then cut from ``g``,
         ``gamma`` and the within-step gradients, so only the traces' inputs are valid.
     """
@@ -162,7 +162,7 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
         p = list(params)
         for k, v in zip(direct, direct_values):
             p[k] = v
-        new_h, out, rec = graph.run(hidden, p, inputs, weights=weights, cut_etp=ys,
+        new_h, out, rec = graph.run(hidden, p, inputs, weights=weights, op_outputs=op_outputs,
                                     eps=dict(zip(cut_vars, eps)), delta=dict(zip(readouts, deltas)))
         loss = loss_fn(jax.tree.unflatten(out_tree, out), target)
         if jnp.shape(loss) != ():
@@ -175,7 +175,7 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
                                            has_aux=True)
     g_eps, gammas, direct_grads = vjp(jnp.ones_like(loss))
     g = _per_group(graph, g_eps)
-    ys, z = rec['ys'], rec['cut']
+    op_outputs, z = rec['op_outputs'], rec['cut']
 
     # Every Jacobian below is of the step with ETP outputs replaced by their values.
     dyn_leaves = sorted({dp.leaf for dp in graph.dynamic_params})
@@ -184,7 +184,7 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
         p = list(params)
         for leaf, v in zip(dyn_leaves, phis):
             p[leaf] = v
-        new, _, r = graph.run(h_prev, p, inputs, weights=weights, cut_etp=ys,
+        new, _, r = graph.run(h_prev, p, inputs, weights=weights, op_outputs=op_outputs,
                               hold_custom=hold_custom,
                               delta=dict(zip(grouped, deltas)),
                               eps=None if eps is None else dict(zip(cut_vars, eps)),
@@ -196,8 +196,10 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
     m_max = max([grp.m for grp in groups], default=0)
 
     if A is None:
-        A = state_jacobian(graph, hidden, params, weights, inputs, ys, hold_custom=hold_custom)
-    A_next = (state_jacobian(graph, new_h, params, weights, inputs, ys, hold_custom=hold_custom)
+        A = state_jacobian(graph, hidden, params, weights, inputs, op_outputs,
+                           hold_custom=hold_custom)
+    A_next = (state_jacobian(graph, new_h, params, weights, inputs, op_outputs,
+                             hold_custom=hold_custom)
               if next_jacobian else None)
 
     # Df = dz/dy: one reverse-mode pass per cut variable, in each op's own layout
@@ -256,5 +258,5 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
         if j in release['Rphi']:
             inst = inst + jnp.einsum('...mn,...n->...m', A[dp.group], release['Rphi'][j])
         phi_in.append(inst)
-    return StepSignals(loss, new_h, out, rec['xs'], g, dict(zip(readouts, gammas)),
+    return StepSignals(loss, new_h, out, rec['op_inputs'], g, dict(zip(readouts, gammas)),
                        list(direct_grads), D, Df, phi_inst, phi_in, new_release, A_next)

@@ -1,11 +1,11 @@
 """The brainstate boundary: one step of a model as a jaxpr over flat leaves.
 
-:func:`trace_step` traces ``model.update(x)`` once into a closed jaxpr whose
+:func:`capture_step` traces ``model.update(x)`` once into a closed jaxpr whose
 inputs are ``(hidden leaves, parameter leaves, input leaves)`` and whose
 outputs are ``(new hidden leaves, output leaves)``, with every jitted helper
 inlined and plain ``lax`` convolutions / matrix products whose weights are
 computed from parameters rebound as ETP ops (:mod:`braintrace_conv.lift`).
-:class:`TracedStep` reads and writes the model's state values in that order.
+:class:`StepJaxpr` reads and writes the model's state values in that order.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from .lift import lift_plain_ops
 
 
 @dataclasses.dataclass
-class TracedStep:
+class StepJaxpr:
     """One step of a model as a closed jaxpr over flat leaves.
 
     ``closed_jaxpr`` maps ``(*hidden, *params, *inputs)`` leaves to
@@ -163,7 +163,7 @@ def _values_set(states, treedefs, leaves):
             st.restore_value(v)
 
 
-def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
+def capture_step(model: brainstate.nn.Module, x_example) -> StepJaxpr:
     """Trace ``model.update(x)`` for the current hidden-state shapes.
 
     Args:
@@ -211,7 +211,7 @@ def trace_step(model: brainstate.nn.Module, x_example) -> TracedStep:
     x_specs = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in x_leaves]
     with jax.disable_jit():   # inline every jitted helper so ETP ops sit at top level
         closed = jax.make_jaxpr(flat_update)(specs, x_specs)
-    step = TracedStep(closed, model, list(hidden_map.keys()), list(param_map.keys()),
+    step = StepJaxpr(closed, model, list(hidden_map.keys()), list(param_map.keys()),
                       hidden_names, param_names, hidden_treedefs, param_treedefs,
                       out_tree_box[-1])
     return dataclasses.replace(step, closed_jaxpr=lift_plain_ops(step))
