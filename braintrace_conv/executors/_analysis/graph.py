@@ -1,4 +1,4 @@
-r"""What an online executor learns from one traced step: ops, groups, cuts.
+r"""What an online executor learns from one captured step: ops, groups, cuts.
 
 :func:`analyse` reads a :class:`~.step.StepJaxpr` and finds, with no
 per-model code (``docs/theory.md`` gives the math):
@@ -48,7 +48,7 @@ from .positions import MIXED, propagate
 from .step import StepJaxpr
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class Group:
     """Hidden leaves that evolve together, element by element.
 
@@ -71,7 +71,7 @@ class Group:
     cut_to_hidden: list = dataclasses.field(default_factory=list)
     identity_release: bool = True
     chained: bool = False
-    feeds: set = dataclasses.field(default_factory=set)
+    feeds: frozenset = frozenset()
 
     @property
     def n(self) -> int:
@@ -94,7 +94,7 @@ class Group:
         return jnp.stack(out, axis=len(self.shape))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class EtpOp:
     """One ETP operation in the step.
 
@@ -122,7 +122,7 @@ class EtpOp:
     label: str
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class DynamicParam:
     """A parameter leaf inside a group's dynamics, element by element.
 
@@ -143,7 +143,7 @@ class DynamicParam:
         return jax.ops.segment_sum(flat, self.index.ravel(), num_segments=self.size)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class StepGraph:
     """The result of :func:`analyse`."""
     step: StepJaxpr
@@ -238,13 +238,33 @@ class StepGraph:
 
 
 # ----------------------------------------------------------------------------- analysis
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Context:
+    """What every part of :func:`analyse` reads about the step."""
+    step: StepJaxpr
+    jaxpr: Any
+    etp_eqns: frozenset   # equation indices of the ETP ops
+    deps: dict            # var -> kinds of source it is computed from (StepJaxpr.dependencies)
+    final_of: dict        # var holding a new hidden value -> its hidden leaf
+    out_vars: frozenset   # the variables of the step's outputs
+
+
 def analyse(step: StepJaxpr) -> StepGraph:
-    """Discover ops, groups, cuts and parameter paths of a traced step (module docstring).
+    """Discover ops, groups, cuts and parameter paths of a captured step (module docstring).
 
     Raises:
       ValueError: naming the op, parameter or hidden state, when the step
         cannot be learned online exactly as described.
     """
+    ctx = _context(step)
+    groups, group_of_leaf = _groups(ctx)
+    ops = [_op(ctx, k, i, groups, group_of_leaf) for k, i in enumerate(sorted(ctx.etp_eqns))]
+    groups = [_cut(ctx, gi, grp, ops) for gi, grp in enumerate(groups)]
+    direct_params, dynamic_params = _parameter_paths(ctx, groups)
+    return StepGraph(step, ops, groups, group_of_leaf, direct_params, dynamic_params)
+
+
+def _context(step: StepJaxpr) -> _Context:
     jaxpr = step.closed_jaxpr.jaxpr
     etp_eqns = {i for i, e in enumerate(jaxpr.eqns) if isinstance(e.primitive, ETPPrimitive)}
     for i, eqn in enumerate(jaxpr.eqns):
@@ -257,15 +277,8 @@ def analyse(step: StepJaxpr) -> StepGraph:
     for leaf, v in enumerate(step.new_hidden_vars):
         if not is_literal(v) and v in produced and v not in final_of:
             final_of[v] = leaf
-    out_vars = {v for v in step.output_vars if not is_literal(v)}
-    deps = step.dependencies()
-    groups, group_of_leaf = _groups(step, jaxpr, final_of)
-    ops = _ops(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups, group_of_leaf)
-    for g, grp in enumerate(groups):
-        _cut(step, jaxpr, g, grp, ops, final_of, out_vars)
-    direct_params, dynamic_params = _parameter_paths(step, jaxpr, etp_eqns, deps, final_of,
-                                                     out_vars, groups)
-    return StepGraph(step, ops, groups, group_of_leaf, direct_params, dynamic_params)
+    return _Context(step, jaxpr, frozenset(etp_eqns), step.dependencies(), final_of,
+                    frozenset(v for v in step.output_vars if not is_literal(v)))
 
 
 def _identity(shape):
@@ -276,10 +289,11 @@ def _ops_at(ops, eqn_indices):
     return [k for k, op in enumerate(ops) if op.eqn in eqn_indices]
 
 
-def _groups(step, jaxpr, final_of):
-    """Hidden leaves reaching each other's new values element by element -> groups."""
-    nh = step.n_hidden
-    parent = list(range(nh))
+def _groups(ctx: _Context):
+    """Hidden leaves reaching each other's new values element by element -> groups
+    (without cuts yet), and ``{hidden leaf: group index}``."""
+    step = ctx.step
+    parent = list(range(step.n_hidden))
 
     def find(a):
         while parent[a] != a:
@@ -287,12 +301,11 @@ def _groups(step, jaxpr, final_of):
             a = parent[a]
         return a
 
-    hidden_in = step.hidden_vars
-    for leaf, var in enumerate(hidden_in):
+    for leaf, var in enumerate(step.hidden_vars):
         if not jnp.issubdtype(var.aval.dtype, jnp.inexact):
             continue
         ident = _identity(var.aval.shape)
-        reach = propagate(jaxpr, {var: ident}, final_of)
+        reach = propagate(ctx.jaxpr, {var: ident}, ctx.final_of)
         for other, idx in reach.finals.items():
             if idx is MIXED or idx.shape != ident.shape or not np.array_equal(idx, ident):
                 raise ValueError(
@@ -302,111 +315,99 @@ def _groups(step, jaxpr, final_of):
                     f'diagonal (element-by-element) neuron dynamics.')
             parent[find(other)] = find(leaf)
     by_root: dict[int, list[int]] = {}
-    for leaf in sorted(final_of.values()):
+    for leaf in sorted(ctx.final_of.values()):
         by_root.setdefault(find(leaf), []).append(leaf)
     groups, group_of_leaf = [], {}
     for leaves in by_root.values():
-        shapes = {tuple(hidden_in[l].aval.shape) for l in leaves}
+        shapes = {tuple(step.hidden_vars[leaf].aval.shape) for leaf in leaves}
         if len(shapes) != 1:
-            raise ValueError(f'hidden states {[step.hidden_names[l] for l in leaves]} interact '
-                             f'but have different shapes {sorted(shapes)}; states of one neuron '
-                             f'group must share a shape.')
-        for l in leaves:
-            group_of_leaf[l] = len(groups)
-        groups.append(Group(leaves, shapes.pop(), [step.hidden_names[l] for l in leaves]))
+            raise ValueError(f'hidden states {[step.hidden_names[leaf] for leaf in leaves]} '
+                             f'interact but have different shapes {sorted(shapes)}; states of '
+                             f'one neuron group must share a shape.')
+        for leaf in leaves:
+            group_of_leaf[leaf] = len(groups)
+        groups.append(Group(leaves, shapes.pop(), [step.hidden_names[leaf] for leaf in leaves]))
     return groups, group_of_leaf
 
 
-def _ops(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups, group_of_leaf):
-    np_ = step.n_params
-    describe = lambda leaves: ', '.join(step.param_names[p] for p in sorted(leaves)) or 'no parameter'
-    ops = []
-    for i in sorted(etp_eqns):
-        eqn = jaxpr.eqns[i]
-        prim = eqn.primitive
-        slots = prim.trainable_invars(eqn.params)
-        p_leaves, slot_params = set(), {}
-        for name, slot in slots.items():
-            v = eqn.invars[slot]
-            d = deps.get(v, frozenset()) if not is_literal(v) else frozenset()
-            if d - {('p', k) for k in range(np_)}:
-                raise ValueError(f'the {name!r} operand of {prim.name} #{len(ops)} depends on '
-                                 f'hidden states or inputs; trainable operands of ETP ops must '
-                                 f'be computed from parameters only.')
-            slot_params[name] = sorted(k for _, k in d)
-            p_leaves |= set(slot_params[name])
-        x_var = eqn.invars[prim.x_invar_index]
-        label = f'{prim.name} #{len(ops)} ({describe(p_leaves)})'
-        y_var = eqn.outvars[0]
-        size = int(np.prod(y_var.aval.shape))
-        reach = propagate(jaxpr, {y_var: _identity(y_var.aval.shape)}, final_of,
-                          stop_at_finals=True)
-        if reach.etp_weights:
-            raise ValueError(f'the output of {label} feeds the trainable operand of another '
-                             f'ETP op; that is not supported.')
-        reached_groups = {group_of_leaf[l] for l in reach.finals}
-        if len(reached_groups) > 1:
-            raise ValueError(f'the output of {label} reaches several hidden groups '
-                             f'{[groups[g].names for g in sorted(reached_groups)]}; an ETP op '
-                             f'must feed one neuron population.')
-        group, h_to_y = None, None
-        if reached_groups:
-            group = reached_groups.pop()
-            maps = list(reach.finals.values())
-            if any(m is MIXED for m in maps):
-                raise ValueError(f'a non-elementwise op ({reach.mixing}) lies between {label} and '
-                                 f'hidden state(s) {groups[group].names}; online training needs the op '
-                                 f'output to reach its neurons element by element (move norms, '
-                                 f'max pooling or reductions after the neuron).')
-            if any(not np.array_equal(m, maps[0]) for m in maps[1:]):
-                raise ValueError(f'{label} reaches the states of {groups[group].names} at '
-                                 f'different positions.')
-            flat = maps[0].ravel()
-            if flat.size != size or not np.array_equal(np.sort(flat), np.arange(size)):
-                raise ValueError(f'{label} output of shape {y_var.aval.shape} does not map one '
-                                 f'to one onto hidden states of shape {groups[group].shape}.')
-            h_to_y = None if np.array_equal(flat, np.arange(size)) else flat
-        full = any(depends_on(jaxpr, v, {y_var}) for v in final_of)
-        ops.append(EtpOp(
-            eqn=i, primitive=prim, params=dict(eqn.params), weight_slots=slots,
-            weight_avals={name: eqn.invars[slot].aval for name, slot in slots.items()},
-            y_aval=y_var.aval, x_aval=getattr(x_var, 'aval', None), x_var=x_var, group=group,
-            h_to_y=h_to_y, exact_readout=group is None and not full,
-            slot_params=slot_params, label=label))
-    return ops
+def _op(ctx: _Context, k: int, i: int, groups, group_of_leaf) -> EtpOp:
+    """ETP op ``k``, equation ``i``: the parameters of its trainable operands, and the
+    group its output reaches."""
+    eqn = ctx.jaxpr.eqns[i]
+    prim = eqn.primitive
+    slots = prim.trainable_invars(eqn.params)
+    params_of = {('p', leaf) for leaf in range(ctx.step.n_params)}
+    slot_params = {}
+    for name, slot in slots.items():
+        v = eqn.invars[slot]
+        kinds = ctx.deps.get(v, frozenset()) if not is_literal(v) else frozenset()
+        if kinds - params_of:
+            raise ValueError(f'the {name!r} operand of {prim.name} #{k} depends on '
+                             f'hidden states or inputs; trainable operands of ETP ops must '
+                             f'be computed from parameters only.')
+        slot_params[name] = sorted(leaf for _, leaf in kinds)
+    leaves = sorted(set().union(*slot_params.values()))
+    label = (f'{prim.name} #{k} '
+             f'({", ".join(ctx.step.param_names[leaf] for leaf in leaves) or "no parameter"})')
+    y_var, x_var = eqn.outvars[0], eqn.invars[prim.x_invar_index]
+    group, h_to_y = _op_group(ctx, label, y_var, groups, group_of_leaf)
+    reaches_state = any(depends_on(ctx.jaxpr, v, {y_var}) for v in ctx.final_of)
+    return EtpOp(
+        eqn=i, primitive=prim, params=dict(eqn.params), weight_slots=slots,
+        weight_avals={name: eqn.invars[slot].aval for name, slot in slots.items()},
+        y_aval=y_var.aval, x_aval=getattr(x_var, 'aval', None), x_var=x_var, group=group,
+        h_to_y=h_to_y, exact_readout=group is None and not reaches_state,
+        slot_params=slot_params, label=label)
 
 
-def _cut(step, jaxpr, g, grp, ops, final_of, out_vars):
-    """Find group ``g``'s state cut: a minimum vertex separator between its sources
+def _op_group(ctx: _Context, label: str, y_var, groups, group_of_leaf):
+    """``(group index, h_to_y)`` of the op whose output is ``y_var`` (``(None, None)`` for a
+    readout): the one group it reaches, one to one and element by element."""
+    size = int(np.prod(y_var.aval.shape))
+    reach = propagate(ctx.jaxpr, {y_var: _identity(y_var.aval.shape)}, ctx.final_of,
+                      stop_at_finals=True)
+    if reach.etp_weights:
+        raise ValueError(f'the output of {label} feeds the trainable operand of another '
+                         f'ETP op; that is not supported.')
+    reached = {group_of_leaf[leaf] for leaf in reach.finals}
+    if len(reached) > 1:
+        raise ValueError(f'the output of {label} reaches several hidden groups '
+                         f'{[groups[gi].names for gi in sorted(reached)]}; an ETP op '
+                         f'must feed one neuron population.')
+    if not reached:
+        return None, None
+    gi = reached.pop()
+    maps = list(reach.finals.values())
+    if any(m is MIXED for m in maps):
+        raise ValueError(f'a non-elementwise op ({reach.mixing}) lies between {label} and '
+                         f'hidden state(s) {groups[gi].names}; online training needs the op '
+                         f'output to reach its neurons element by element (move norms, '
+                         f'max pooling or reductions after the neuron).')
+    if any(not np.array_equal(m, maps[0]) for m in maps[1:]):
+        raise ValueError(f'{label} reaches the states of {groups[gi].names} at '
+                         f'different positions.')
+    flat = maps[0].ravel()
+    if flat.size != size or not np.array_equal(np.sort(flat), np.arange(size)):
+        raise ValueError(f'{label} output of shape {y_var.aval.shape} does not map one '
+                         f'to one onto hidden states of shape {groups[gi].shape}.')
+    return gi, None if np.array_equal(flat, np.arange(size)) else flat
+
+
+def _cut(ctx: _Context, gi: int, grp: Group, ops) -> Group:
+    """Group ``gi`` with its state cut: a minimum vertex separator between its sources
     (old states, its ops' outputs) and everything that leaves the group's elementwise
-    region, the one nearest the new states; fill ``grp`` in place."""
+    region, the one nearest the new states."""
     hidden_size = int(np.prod(grp.shape))
-    hidden_in = {step.hidden_vars[l] for l in grp.leaves}
-    sources = {v: _identity(grp.shape) for v in hidden_in}
-    for op in ops:
-        if op.group == g:
-            to_h = np.arange(hidden_size) if op.h_to_y is None else np.argsort(op.h_to_y)
-            y_var = jaxpr.eqns[op.eqn].outvars[0]
-            sources[y_var] = to_h.reshape(op.y_aval.shape)   # y position -> hidden position
-    reach = propagate(jaxpr, sources, final_of)
+    reach, sources, sinks = _cut_region(ctx, gi, grp, ops)
     index = {v: idx for v, idx in reach.index.items() if idx is not MIXED}
-    finals = [v for v, l in final_of.items() if l in grp.leaves]
-    # The input of a synapse onto neurons, computed from the old state alone (a recurrent or
-    # delayed synapse), is given to D-RTRL: its path through time is the truncated one, and
-    # cutting the state there as well would only add a value whose learning signal is zero.
-    from_y = set(propagate(jaxpr, {v: i for v, i in sources.items() if v not in hidden_in},
-                           final_of).index)
-    given = {v for v, eqns in reach.etp_x_sinks.items() if v not in from_y
-             and all(ops[k].group is not None for k in _ops_at(ops, eqns))}
-    sinks = (set(reach.sinks) - given) | set(finals) | (set(index) & out_vars)
     # other groups' new values are reached only through ETP ops; the edges stay inside
     edges = [(a, b) for a, b in reach.edges if a in index and b in index]
-    cut = _min_vertex_cut(list(index), edges, list(sources), [v for v in sinks if v in index])
-    by_leaf = {v: l for v, l in final_of.items()}
-    order = {v: p for p, v in enumerate(jaxpr.invars)}
-    order.update({v: len(order) + p for p, e in enumerate(jaxpr.eqns) for v in e.outvars})
-    cut.sort(key=lambda v: (grp.leaves.index(by_leaf[v]) if v in by_leaf and by_leaf[v] in grp.leaves
-                            else len(grp.leaves), order[v]))
+    cut = min_vertex_cut(list(index), edges, list(sources), [v for v in sinks if v in index])
+    order = {v: n for n, v in enumerate(ctx.jaxpr.invars)}
+    order.update({v: len(order) + n for n, e in enumerate(ctx.jaxpr.eqns) for v in e.outvars})
+    position = lambda v: (grp.leaves.index(ctx.final_of[v]) if ctx.final_of.get(v) in grp.leaves
+                          else len(grp.leaves))
+    cut.sort(key=lambda v: (position(v), order[v]))
     to_hidden = []
     for v in cut:
         flat = index[v].ravel()
@@ -414,16 +415,41 @@ def _cut(step, jaxpr, g, grp, ops, final_of, out_vars):
             raise ValueError(f'the state of {grp.names} is cut at a value of shape {v.aval.shape} '
                              f'that does not map one to one onto the hidden shape {grp.shape}.')
         to_hidden.append(None if np.array_equal(flat, np.arange(hidden_size)) else flat)
-    grp.cut, grp.cut_to_hidden = cut, to_hidden
-    grp.identity_release = (len(cut) == grp.n and all(p is None for p in to_hidden)
-                            and [by_leaf.get(v) for v in cut] == grp.leaves)
-    grp.chained = any(depends_on(jaxpr, v, set(cut) - {v}) for v in cut)
-    for k in _ops_at(ops, reach.etp_inputs):
-        if ops[k].group is not None:
-            grp.feeds.add(ops[k].group)
+    return dataclasses.replace(
+        grp, cut=cut, cut_to_hidden=to_hidden,
+        identity_release=(len(cut) == grp.n and all(perm is None for perm in to_hidden)
+                          and [ctx.final_of.get(v) for v in cut] == grp.leaves),
+        chained=any(depends_on(ctx.jaxpr, v, set(cut) - {v}) for v in cut),
+        feeds=frozenset(ops[k].group for k in _ops_at(ops, reach.etp_inputs)
+                        if ops[k].group is not None))
 
 
-def _min_vertex_cut(nodes, edges, sources, sinks) -> list:
+def _cut_region(ctx: _Context, gi: int, grp: Group, ops):
+    """``(reach, sources, sinks)`` of group ``gi``: the positions reached from its old
+    states and its ops' outputs (``sources``, each mapped to hidden positions), and the
+    values where the group's elementwise region is left."""
+    hidden_size = int(np.prod(grp.shape))
+    hidden_in = {ctx.step.hidden_vars[leaf] for leaf in grp.leaves}
+    sources = {v: _identity(grp.shape) for v in hidden_in}
+    for op in ops:
+        if op.group == gi:
+            to_h = np.arange(hidden_size) if op.h_to_y is None else np.argsort(op.h_to_y)
+            y_var = ctx.jaxpr.eqns[op.eqn].outvars[0]
+            sources[y_var] = to_h.reshape(op.y_aval.shape)   # y position -> hidden position
+    reach = propagate(ctx.jaxpr, sources, ctx.final_of)
+    index = {v for v, idx in reach.index.items() if idx is not MIXED}
+    finals = {v for v, leaf in ctx.final_of.items() if leaf in grp.leaves}
+    # The input of a synapse onto neurons, computed from the old state alone (a recurrent or
+    # delayed synapse), is given to D-RTRL: its path through time is the truncated one, and
+    # cutting the state there as well would only add a value whose learning signal is zero.
+    from_y = set(propagate(ctx.jaxpr, {v: i for v, i in sources.items() if v not in hidden_in},
+                           ctx.final_of).index)
+    given = {v for v, eqns in reach.etp_x_sinks.items() if v not in from_y
+             and all(ops[k].group is not None for k in _ops_at(ops, eqns))}
+    return reach, sources, (set(reach.sinks) - given) | finals | (index & ctx.out_vars)
+
+
+def min_vertex_cut(nodes, edges, sources, sinks) -> list:
     """Minimum set of ``nodes`` meeting every ``sources`` -> ``sinks`` path (unit vertex
     capacities, max-flow with split vertices); the one nearest the sinks."""
     INF = len(nodes) + 1
@@ -471,49 +497,65 @@ def _min_vertex_cut(nodes, edges, sources, sinks) -> list:
     return [v for v in nodes if ('out', v) in to_sink and ('in', v) not in to_sink]
 
 
-def _parameter_paths(step, jaxpr, etp_eqns, deps, final_of, out_vars, groups):
-    """Parameters used outside ETP weight slots, and which of them enter a group's
-    dynamics element by element (:class:`DynamicParam`)."""
+def _parameter_paths(ctx: _Context, groups):
+    """Parameters used outside ETP weight slots (``{leaf: 'hidden' | 'output'}``), and
+    which of them enter a group's dynamics element by element (:class:`DynamicParam`)."""
     direct_params, dynamic = {}, []
-    for p, var in enumerate(step.param_vars):
-        src = {var}
-        for eqn in jaxpr.eqns:   # everything computed from the parameter outside ETP ops
-            if any(v in src for v in eqn.invars if not is_literal(v)):
-                if not isinstance(eqn.primitive, ETPPrimitive):
-                    src |= set(eqn.outvars)
-        direct_uses = set()
-        for i, eqn in enumerate(jaxpr.eqns):
-            for slot, v in enumerate(eqn.invars):
-                if is_literal(v) or v not in src:
-                    continue
-                if i in etp_eqns:
-                    if slot in eqn.primitive.trainable_invars(eqn.params).values():
-                        continue
-                elif not ({'h', 'x', 'y'} & deps.get(eqn.outvars[0], frozenset())):
-                    continue     # still a parameter-only computation
-                direct_uses.add(i)
-        if not (any(v in src for v in out_vars) or direct_uses):
+    for leaf, var in enumerate(ctx.step.param_vars):
+        src = _computed_outside_ops(ctx, var)
+        if not (src & ctx.out_vars or _used_with_data(ctx, src)):
             continue
-        reaches_hidden = any(v in src or depends_on(jaxpr, v, src) for v in final_of)
-        direct_params[p] = 'hidden' if reaches_hidden else 'output'
-        if not reaches_hidden:
-            continue
-        reach = propagate(jaxpr, {var: _identity(var.aval.shape)}, final_of, broadcast=True)
-        for g, grp in enumerate(groups):
-            touched = [v for v in grp.cut + [f for f, l in final_of.items() if l in grp.leaves]
-                       if v in reach.index]
-            if not touched:
-                continue
-            maps = []
-            for v in touched:
-                idx = reach.index[v]
-                if idx is MIXED or np.size(idx) != int(np.prod(grp.shape)):
-                    maps = None
-                    break
-                perm = (grp.cut_to_hidden[grp.cut.index(v)] if v in grp.cut else None)
-                flat = np.ravel(idx)
-                maps.append(flat if perm is None else flat[np.argsort(perm)])
-            if maps and all(np.array_equal(m, maps[0]) for m in maps[1:]):
-                dynamic.append(DynamicParam(p, g, maps[0].reshape(grp.shape),
-                                            int(np.prod(var.aval.shape))))
+        reaches_hidden = any(v in src or depends_on(ctx.jaxpr, v, src) for v in ctx.final_of)
+        direct_params[leaf] = 'hidden' if reaches_hidden else 'output'
+        if reaches_hidden:
+            dynamic += _dynamic_params(ctx, leaf, var, groups)
     return direct_params, dynamic
+
+
+def _computed_outside_ops(ctx: _Context, var) -> set:
+    """``var`` and everything computed from it outside ETP ops."""
+    src = {var}
+    for eqn in ctx.jaxpr.eqns:
+        if any(v in src for v in eqn.invars if not is_literal(v)):
+            if not isinstance(eqn.primitive, ETPPrimitive):
+                src |= set(eqn.outvars)
+    return src
+
+
+def _used_with_data(ctx: _Context, src: set) -> bool:
+    """Whether a value of ``src`` is used other than in an ETP weight slot or in a
+    computation from parameters only."""
+    for i, eqn in enumerate(ctx.jaxpr.eqns):
+        for slot, v in enumerate(eqn.invars):
+            if is_literal(v) or v not in src:
+                continue
+            if i in ctx.etp_eqns:
+                if slot in eqn.primitive.trainable_invars(eqn.params).values():
+                    continue
+            elif not ({'h', 'x', 'y'} & ctx.deps.get(eqn.outvars[0], frozenset())):
+                continue     # still a parameter-only computation
+            return True
+    return False
+
+
+def _dynamic_params(ctx: _Context, leaf: int, var, groups) -> list:
+    """A :class:`DynamicParam` for each group whose cut or new state parameter ``leaf``
+    reaches at the same positions, element by element or broadcast."""
+    reach = propagate(ctx.jaxpr, {var: _identity(var.aval.shape)}, ctx.final_of, broadcast=True)
+    found = []
+    for gi, grp in enumerate(groups):
+        finals = [v for v, l in ctx.final_of.items() if l in grp.leaves]
+        touched = [v for v in grp.cut + finals if v in reach.index]
+        maps = []
+        for v in touched:
+            idx = reach.index[v]
+            if idx is MIXED or np.size(idx) != int(np.prod(grp.shape)):
+                maps = None
+                break
+            perm = grp.cut_to_hidden[grp.cut.index(v)] if v in grp.cut else None
+            flat = np.ravel(idx)
+            maps.append(flat if perm is None else flat[np.argsort(perm)])
+        if maps and all(np.array_equal(m, maps[0]) for m in maps[1:]):
+            found.append(DynamicParam(leaf, gi, maps[0].reshape(grp.shape),
+                                      int(np.prod(var.aval.shape))))
+    return found
