@@ -38,7 +38,7 @@ from jax import lax
 from ..primitive import apply_state_jacobian
 from ._analysis.graph import StepGraph, analyse
 from ._analysis.signals import (StepSignals, init_release, jacobian_reads_only_state,
-                                state_jacobian, step_signals)
+                                scalar_loss, state_jacobian, step_signals)
 from ._analysis.step import StepJaxpr, capture_step
 from .report import (APPROX_READOUT, EXACT_OUTPUT_PARAM, EXACT_READOUT, MIXING_PARAM, UNUSED,
                      Report)
@@ -85,17 +85,10 @@ def sequence_loss(step: StepJaxpr, loss_fn, params, hidden, xs, targets, return_
         x, target = inp
         new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
         out = jax.tree.unflatten(step.out_tree, out)
-        return new_h, (_scalar_loss(loss_fn, out, target), out if return_outputs else None)
+        return new_h, (scalar_loss(loss_fn, out, target), out if return_outputs else None)
 
     h_final, (losses, outs) = lax.scan(body, hidden, (xs, targets))
     return jnp.sum(losses), (h_final, outs)
-
-
-def _scalar_loss(loss_fn, output, target):
-    loss = loss_fn(output, target)
-    if jnp.shape(loss) != ():
-        raise ValueError(f'loss_fn must return a scalar, got shape {jnp.shape(loss)}.')
-    return loss
 
 
 def _window_value(window):
@@ -477,7 +470,7 @@ class OnlineLearner(Learner):
                     x, target = inp
                     new_h, out, rec = graph.run(h, p, jax.tree.leaves(x))
                     out = jax.tree.unflatten(step.out_tree, out)
-                    return new_h, (_scalar_loss(loss_fn, out, target),
+                    return new_h, (scalar_loss(loss_fn, out, target),
                                    out if return_outputs else None,
                                    jax.tree.map(lax.stop_gradient, rec['op_outputs']))
 
