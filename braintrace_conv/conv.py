@@ -45,7 +45,7 @@ import numpy as np
 from jax import lax
 from jax.interpreters import ad, mlir
 
-from .conv_args import conv_params
+from .conv_args import conv_params, dilated_extent
 from .primitive import derived_transpose, register_primitive
 from .units import bias_in_unit, join_unit, split_unit
 
@@ -152,8 +152,9 @@ def _window_copies(x, window, params):
     """
     spec = params['dimension_numbers'].lhs_spec
     channel, spatial = spec[1], spec[2:]
-    dilated = tuple((x.shape[a] - 1) * ld + 1 for a, ld in zip(spatial, params['lhs_dilation']))
-    extent = tuple((k - 1) * rd + 1 for k, rd in zip(window, params['rhs_dilation']))
+    dilated = tuple(dilated_extent(x.shape[a], ld)
+                    for a, ld in zip(spatial, params['lhs_dilation']))
+    extent = tuple(map(dilated_extent, window, params['rhs_dilation']))
     padding = _explicit_padding(dilated, extent, params)
     config = [(0, 0, 0)] * x.ndim
     for a, (lo, hi), ld in zip(spatial, padding, params['lhs_dilation']):
@@ -166,7 +167,7 @@ def _window_copies(x, window, params):
         start, stop, step = [0] * x.ndim, list(xp.shape), [1] * x.ndim
         for a, t, rd, o, st in zip(spatial, tap, params['rhs_dilation'], out, params['strides']):
             start[a], step[a] = t * rd, st
-            stop[a] = start[a] + (o - 1) * st + 1 if o else start[a]
+            stop[a] = start[a] + dilated_extent(o, st) if o else start[a]
         taps.append(lax.slice(xp, start, stop, step))
     stacked = jnp.stack(taps, axis=channel + 1)               # (..., C, prod(window), ...)
     return stacked.reshape(*stacked.shape[:channel], -1, *stacked.shape[channel + 2:])
@@ -329,14 +330,15 @@ def _kernel_gradient(x, cot, kernel_shape, params):
     a matrix product of the cotangent with the receptive-field patches)."""
     dn = params['dimension_numbers']
     taps = [kernel_shape[a] for a in dn.rhs_spec[2:]]
-    dilated = [(x.shape[a] - 1) * d + 1 for a, d in zip(dn.lhs_spec[2:], params['lhs_dilation'])]
-    extent = [(t - 1) * r + 1 for t, r in zip(taps, params['rhs_dilation'])]
+    dilated = [dilated_extent(x.shape[a], d) for a, d in zip(dn.lhs_spec[2:],
+                                                             params['lhs_dilation'])]
+    extent = list(map(dilated_extent, taps, params['rhs_dilation']))
     padding = _explicit_padding(dilated, extent, params)
     out_sizes = [cot.shape[a] for a in dn.out_spec[2:]]
-    pads = tuple((low, (t - 1) * r + (o - 1) * s + 1 - size - low)
-                 for size, o, t, r, s, (low, _) in zip(dilated, out_sizes, taps,
-                                                       params['rhs_dilation'], params['strides'],
-                                                       padding))
+    # the high padding that makes the input span exactly the kernel and the strided outputs
+    pads = tuple((low, e + dilated_extent(o, s) - 1 - size - low)
+                 for size, o, e, s, (low, _) in zip(dilated, out_sizes, extent,
+                                                    params['strides'], padding))
     dtype = jnp.result_type(x, cot)
     return etp_conv_p.bind(
         x.astype(dtype), cot.astype(dtype), has_bias=False, pool=None,
@@ -435,13 +437,13 @@ def _input_gradient(cotangent, kernel, x_shape, params):
     swapped = jnp.flip(swapped, axis=tuple(range(2, n_spatial + 2)))
     in_sizes = [x_shape[a] for a in dn.lhs_spec[2:]]
     out_sizes = [cotangent.shape[a] for a in dn.out_spec[2:]]
-    extent = [(t - 1) * r + 1 for t, r in zip(taps, params['rhs_dilation'])]
+    extent = list(map(dilated_extent, taps, params['rhs_dilation']))
     padding = _explicit_padding(in_sizes, extent, params)
     pads = []
     for size, out, e, stride, (low, _) in zip(in_sizes, out_sizes, extent, params['strides'],
                                               padding):
         before = e - 1 - low
-        pads.append((before, size + e - 1 - ((out - 1) * stride + 1) - before))
+        pads.append((before, size + e - 1 - dilated_extent(out, stride) - before))
     iota = tuple(range(n_spatial + 2))
     return etp_conv_p.bind(
         cotangent, swapped, **dict(params, has_bias=False, pool=None, strides=(1,) * n_spatial,

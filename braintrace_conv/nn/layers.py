@@ -39,7 +39,6 @@ only 0.04-0.07 and 0.02-0.04 in the first two layers.
 from __future__ import annotations
 
 import math
-import operator
 from typing import Callable, Optional, Sequence, Union
 
 import brainstate
@@ -49,8 +48,9 @@ import numpy as np
 import saiunit as u
 from jax import lax
 
-from ..conv import conv
 from .._validation import positive, positive_ints
+from ..conv import conv
+from ..conv_args import dilated_extent, normalise_padding
 from ..dense import dense
 
 __all__ = [
@@ -111,26 +111,6 @@ DEFAULT_W_INIT = FanInNormal(4.0)
 
 
 # --------------------------------------------------------------------------- argument checks
-def _padding(value, n: int):
-    """``'SAME'``/``'VALID'``, an int, ``n`` ints, or ``n`` (low, high) pairs -> str or pairs."""
-    if isinstance(value, str):
-        if value.upper() not in ('SAME', 'VALID'):
-            raise ValueError(f"padding must be 'SAME', 'VALID', an int, {n} ints or {n} "
-                             f"(low, high) pairs, got {value!r}.")
-        return value.upper()
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (value,) * n
-    try:
-        pairs = tuple((operator.index(p),) * 2 if not isinstance(p, (tuple, list))
-                      else tuple(operator.index(q) for q in p) for p in value)
-    except TypeError:
-        raise TypeError(f"padding must be 'SAME', 'VALID', an int, {n} ints or {n} "
-                        f"(low, high) pairs, got {value!r}.") from None
-    if len(pairs) != n or any(len(p) != 2 or min(p) < 0 for p in pairs):
-        raise ValueError(f'padding must give {n} non-negative (low, high) pairs, got {value!r}.')
-    return pairs
-
-
 def _layout(value) -> str:
     if value not in _LAYOUTS:
         raise ValueError(f'layout must be one of {_LAYOUTS}, got {value!r}.')
@@ -206,7 +186,7 @@ class _ConvNd(brainstate.nn.Module):
         self.out_channels = positive('out_channels', out_channels)
         self.kernel_size = positive_ints('kernel_size', kernel_size, n)
         self.stride = positive_ints('stride', stride, n)
-        self.padding = _padding(padding, n)
+        self.padding = normalise_padding(padding, n, shorthand=True, crop=False)
         self.dilation = positive_ints('dilation', dilation, n)
         self.groups = positive('groups', groups)
         if in_channels % groups or out_channels % groups:
@@ -227,7 +207,7 @@ class _ConvNd(brainstate.nn.Module):
     def output_spatial_shape(self, in_spatial: Sequence[int]) -> tuple:
         """Spatial output shape for spatial input shape ``in_spatial`` (``num_spatial_dims`` ints)."""
         in_spatial = positive_ints('in_spatial', in_spatial, self.num_spatial_dims)
-        dilated = tuple((k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation))
+        dilated = tuple(map(dilated_extent, self.kernel_size, self.dilation))
         pads = (lax.padtype_to_pads(in_spatial, dilated, self.stride, self.padding)
                 if isinstance(self.padding, str) else self.padding)
         out = tuple((n + lo + hi - k) // s + 1
@@ -462,7 +442,7 @@ class AvgPool(brainstate.nn.Module):
             n = len(kernel_size)
         self.kernel_size = positive_ints('kernel_size', kernel_size, n)
         self.stride = self.kernel_size if stride is None else positive_ints('stride', stride, n)
-        self.padding = _padding(padding, n)
+        self.padding = normalise_padding(padding, n, shorthand=True, crop=False)
         self.layout = _layout(layout)
 
     def update(self, x):
