@@ -111,7 +111,8 @@ DEFAULT_W_INIT = FanInNormal(4.0)
 
 
 # --------------------------------------------------------------------------- argument checks
-def _layout(value) -> str:
+def checked_layout(value) -> str:
+    """``value`` if it is one of the two layouts (module docstring); raises otherwise."""
     if value not in _LAYOUTS:
         raise ValueError(f'layout must be one of {_LAYOUTS}, got {value!r}.')
     return value
@@ -192,7 +193,7 @@ class _ConvNd(brainstate.nn.Module):
         if in_channels % groups or out_channels % groups:
             raise ValueError(f'groups ({groups}) must divide in_channels ({in_channels}) and '
                              f'out_channels ({out_channels}).')
-        self.layout = _layout(layout)
+        self.layout = checked_layout(layout)
         spatial = _SPATIAL[n]
         if layout == 'channels_last':
             self.dimension_numbers = ('N' + spatial + 'C', spatial + 'IO', 'N' + spatial + 'C')
@@ -306,7 +307,8 @@ class Conv3d(_ConvNd):
     num_spatial_dims = 3
 
 
-_CONV_BY_RANK = {1: Conv1d, 2: Conv2d, 3: Conv3d}
+#: The convolution layer of each number of spatial dimensions.
+CONV_BY_RANK = {1: Conv1d, 2: Conv2d, 3: Conv3d}
 
 
 # --------------------------------------------------------------------------- dense
@@ -443,7 +445,7 @@ class AvgPool(brainstate.nn.Module):
         self.kernel_size = positive_ints('kernel_size', kernel_size, n)
         self.stride = self.kernel_size if stride is None else positive_ints('stride', stride, n)
         self.padding = normalise_padding(padding, n, shorthand=True, crop=False)
-        self.layout = _layout(layout)
+        self.layout = checked_layout(layout)
 
     def update(self, x):
         """Average-pool ``x`` over its spatial axes."""

@@ -24,7 +24,7 @@ import jax
 import saiunit as u
 
 from .._validation import positive_ints
-from .layers import DEFAULT_W_INIT, FanInNormal, _CONV_BY_RANK, _layout
+from .layers import CONV_BY_RANK, DEFAULT_W_INIT, FanInNormal, checked_layout
 from .neurons import LIF
 
 __all__ = ['DEFAULT_REC_W_INIT', 'RecurrentConvCell']
@@ -118,12 +118,12 @@ class RecurrentConvCell(brainstate.nn.Module):
     ):
         super().__init__(name=name)
         in_size = tuple(in_size) if isinstance(in_size, (tuple, list)) else (in_size,)
-        if len(in_size) - 1 not in _CONV_BY_RANK:
+        if len(in_size) - 1 not in CONV_BY_RANK:
             raise ValueError(f'in_size must be (*spatial, channels) or (channels, *spatial) with '
                              f'1 to 3 spatial dims, got {in_size!r}.')
         in_size = positive_ints('in_size', in_size, len(in_size))
-        layout = _layout(layout)
-        conv_cls = _CONV_BY_RANK[len(in_size) - 1]
+        layout = checked_layout(layout)
+        conv_cls = CONV_BY_RANK[len(in_size) - 1]
         if layout == 'channels_last':
             in_channels, in_spatial = in_size[-1], in_size[:-1]
         else:
