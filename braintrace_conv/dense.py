@@ -29,10 +29,6 @@ def _dense_impl(x, weight, *bias, has_bias):
     return y + bias[0].astype(y.dtype) if has_bias else y
 
 
-def _trainable_invars(params):
-    return {'weight': 1, 'bias': 2} if params['has_bias'] else {'weight': 1}
-
-
 def _as_conv_rule(conv_rule):
     def rule(*args, has_bias):
         return conv_rule(*args, has_bias=has_bias, **_AS_CONV)
@@ -46,9 +42,10 @@ def _xy_to_dw(x, cotangent, weights, *, has_bias):
     return weight_vjp(etp_dense_p, operands, cotangent, has_bias=has_bias)
 
 
+# the conv's operand slots: weight 1, bias 2 when has_bias
 etp_dense_p = register_primitive('etp_dense', _dense_impl,
-                                 trainable_invars_fn=_trainable_invars, x_invar_index=0,
-                                 linear_in_weights=True)
+                                 trainable_invars_fn=etp_conv_p.trainable_invars,
+                                 x_invar_index=0, linear_in_weights=True)
 etp_dense_p.register_etp_rules(
     xy_to_dw=_xy_to_dw,
     **{name: _as_conv_rule(etp_conv_p.rule(name))

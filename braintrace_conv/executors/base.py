@@ -581,6 +581,16 @@ class OnlineLearner(Learner):
         op, dtype = graph.ops[k], self.dtype(graph)
         return graph.y_layout(op, sig.D[op.group], 2).astype(dtype), sig.Df[k].astype(dtype)
 
+    def op_trace_zeros(self, graph: StepGraph, k: int, rule: str):
+        """Grouped op ``k``'s ``rule`` (``'init_drtrl'`` or ``'init_pp'``): zeros of its
+        traces for its shapes in the trace dtype and its group's cut size ``m``."""
+        op, dtype = graph.ops[k], self.dtype(graph)
+        as_dtype = lambda a: jax.ShapeDtypeStruct(a.shape, dtype)
+        return op.primitive.rule(rule)(
+            as_dtype(op.x_aval), as_dtype(op.y_aval),
+            {name: as_dtype(a) for name, a in op.weight_avals.items()},
+            graph.groups[op.group].m, **op.params)
+
     def op_weights(self, graph: StepGraph, k: int, weights):
         """Op ``k``'s weight operands in the trace dtype (its rules then compute in it)."""
         return jax.tree.map(lambda w: w.astype(self.dtype(graph)), weights[k])

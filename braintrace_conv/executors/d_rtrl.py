@@ -47,12 +47,8 @@ class D_RTRL(OnlineLearner):
     required_rules = DRTRL_RULES
 
     def _init_traces(self, graph, hidden):
-        dtype = self.dtype(graph)
-        as_dtype = lambda a: jax.ShapeDtypeStruct(a.shape, dtype)
-        return {k: op.primitive.rule('init_drtrl')(
-            as_dtype(op.x_aval), as_dtype(op.y_aval),
-            {n: as_dtype(a) for n, a in op.weight_avals.items()}, graph.groups[op.group].m,
-            **op.params) for k, op in enumerate(graph.ops) if op.group is not None}
+        return {k: self.op_trace_zeros(graph, k, 'init_drtrl')
+                for k, op in enumerate(graph.ops) if op.group is not None}
 
     def _advance_ops(self, graph, traces, sig, weights):
         new = {}

@@ -136,12 +136,8 @@ class ES_D_RTRL(OnlineLearner):
     def _init_traces(self, graph, hidden):
         slots, readers = self._input_slots(graph)
         dtype = self.dtype(graph)
-        as_dtype = lambda a: jax.ShapeDtypeStruct(a.shape, dtype)
         x_traces = [jnp.zeros(graph.ops[k].x_aval.shape, dtype) for k in readers]
-        out_traces = {k: graph.ops[k].primitive.rule('init_pp')(
-            as_dtype(graph.ops[k].x_aval), as_dtype(graph.ops[k].y_aval),
-            {n: as_dtype(a) for n, a in graph.ops[k].weight_avals.items()},
-            graph.groups[graph.ops[k].group].m, **graph.ops[k].params) for k in slots}
+        out_traces = {k: self.op_trace_zeros(graph, k, 'init_pp') for k in slots}
         norms = [jnp.zeros((), dtype) for _ in readers]
         return dict(x=x_traces, f=out_traces, norm=norms)
 
