@@ -307,12 +307,15 @@ class Learner(abc.ABC):
 
 
 class OnlineLearner(Learner):
-    """Shared scan of D-RTRL and ES-D-RTRL.
+    """Shared scan of D-RTRL and ES-D-RTRL, and the base class of a new online executor.
 
-    Per step: :func:`~.signals.step_signals`, the algorithm's update of the op
-    traces (``_advance_ops``) and their contraction with the learning signal
-    (``_contract``), and the exact traces of parameters inside the dynamics
-    (:class:`~.graph.DynamicParam`), which both algorithms share::
+    Per step, the analysis of the model step gives its signals (``D``, ``Df``, the
+    learning signal ``g``, ... of ``docs/theory.md``). A subclass says how its per-op
+    traces start (``_init_traces``), advance (``_advance_ops``) and contract with a
+    learning signal into weight gradients (``_contract``), how :meth:`report`
+    describes them (``_trace_method``, ``_op_trace_bytes``), and which ETP rules it
+    calls (``required_rules``, checked for every op). The exact traces of parameters
+    inside the dynamics, which both algorithms share, are kept here::
 
         E_phi^t = D^t E_phi^{t-1} + (dz^t/dh^{t-1}) R_phi^{t-1} + G_phi^t
         dphi   += sum_i g^t[i] (E_phi^t[i] - G_phi^t[i])  (+ the within-step gradient)
@@ -386,7 +389,8 @@ class OnlineLearner(Learner):
 
     def _early_jacobian(self, graph) -> bool:
         """Whether the state Jacobian of each step is evaluated at the end of the step
-        before (:func:`~.signals.jacobian_reads_only_state`); decided once per graph."""
+        before (``jacobian_reads_only_state`` of the step analysis); decided once per
+        graph."""
         if id(graph) not in self._early:
             self._early[id(graph)] = jacobian_reads_only_state(graph)
         return self._early[id(graph)]

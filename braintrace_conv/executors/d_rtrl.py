@@ -1,7 +1,7 @@
 r"""D-RTRL: exact eligibility traces for diagonal dynamics (``docs/theory.md``).
 
-Each hidden group's state is cut where its ops enter (``z``, see
-:mod:`.graph`); for every ETP op feeding a group, per step::
+Each hidden group's state is cut where its ops enter (``z``, see ``docs/theory.md``);
+for every ETP op feeding a group, per step::
 
     E^t  = yw_to_w(D^t, E^{t-1}) + xdf_to_trace(x^t, Df^t)
     dW  += trace_to_dw(E^t, g^t)
@@ -40,7 +40,7 @@ class D_RTRL(OnlineLearner):
         model (mixed precision).
       window: ``None`` (traces only) or a number of steps ``k``: exact BPTT inside
         windows of ``k`` steps, these traces across windows (see
-        :class:`~braintrace_conv.executors.base.OnlineLearner`); ``k >= T`` is BPTT.
+        :class:`~braintrace_conv.executors.OnlineLearner`); ``k >= T`` is BPTT.
     """
 
     algorithm = 'D-RTRL'

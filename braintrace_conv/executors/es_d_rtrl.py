@@ -65,7 +65,7 @@ class ES_D_RTRL(OnlineLearner):
         model (mixed precision).
       window: ``None`` (traces only) or a number of steps ``k``: exact BPTT inside
         windows of ``k`` steps, these traces across windows (see
-        :class:`~braintrace_conv.executors.base.OnlineLearner`); ``k >= T`` is BPTT.
+        :class:`~braintrace_conv.executors.OnlineLearner`); ``k >= T`` is BPTT.
     """
 
     algorithm = 'ES-D-RTRL'
