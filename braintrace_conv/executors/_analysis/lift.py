@@ -1,6 +1,6 @@
-"""A traced step rewritten for the analysis: plain ops lifted, poolings folded, forward mode.
+"""A captured step rewritten for the analysis: plain ops lifted, poolings folded, forward mode.
 
-:func:`lift_plain_ops` re-traces a step's jaxpr three ways, none of which changes
+:func:`rewrite_step` re-traces a step's jaxpr three ways, none of which changes
 what the step computes:
 
 * **lifting**: users write layers with plain JAX (``brainstate.nn.Conv2d``,
@@ -85,7 +85,7 @@ register_lift('conv_general_dilated', _lift_conv, weight_operand=1)
 register_lift('dot_general', _lift_dot, weight_operand=1)
 
 
-def lift_plain_ops(step):
+def rewrite_step(step):
     """The closed jaxpr of ``step`` (a :class:`~.step.StepJaxpr`) with plain ops lifted,
     poolings folded into ETP ops and ``custom_vjp`` functions given a forward mode (see
     the module docstring); ``step.closed_jaxpr`` itself when nothing applies."""

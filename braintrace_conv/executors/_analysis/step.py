@@ -3,9 +3,10 @@
 :func:`capture_step` traces ``model.update(x)`` once into a closed jaxpr whose
 inputs are ``(hidden leaves, parameter leaves, input leaves)`` and whose
 outputs are ``(new hidden leaves, output leaves)``, with every jitted helper
-inlined and plain ``lax`` convolutions / matrix products whose weights are
-computed from parameters rebound as ETP ops (:mod:`braintrace_conv.lift`).
-:class:`StepJaxpr` reads and writes the model's state values in that order.
+inlined, then rewritten for the analysis (:mod:`.lift`: plain ``lax``
+convolutions / matrix products whose weights are computed from parameters
+rebound as ETP ops, poolings folded into them). :class:`StepJaxpr` names the
+jaxpr's variables and reads and writes the model's state values in that order.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import saiunit as u
 
 from .jaxpr import dependency_sets, interpret, read
-from .lift import lift_plain_ops
+from .lift import rewrite_step
 
 
 @dataclasses.dataclass
@@ -214,4 +215,4 @@ def capture_step(model: brainstate.nn.Module, x_example) -> StepJaxpr:
     step = StepJaxpr(closed, model, list(hidden_map.keys()), list(param_map.keys()),
                       hidden_names, param_names, hidden_treedefs, param_treedefs,
                       out_tree_box[-1])
-    return dataclasses.replace(step, closed_jaxpr=lift_plain_ops(step))
+    return dataclasses.replace(step, closed_jaxpr=rewrite_step(step))
