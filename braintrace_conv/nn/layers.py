@@ -72,20 +72,17 @@ class FanInNormal:
     is the fan-in of a ``(in_features, out_features)`` matrix and of a
     channels-last kernel ``(*kernel_size, C_in / groups, C_out)``.
 
-    Parameters
-    ----------
-    scale : float
-        Variance times fan-in (``2.0`` is the Kaiming/He scale).
-    unit : saiunit.Unit, optional
+    Args:
+      scale (float): Variance times fan-in (``2.0`` is the Kaiming/He scale).
+      unit (saiunit.Unit, optional):
         Unit attached to the weights (e.g. ``u.mV`` for weights that drive a
         neuron whose voltage is in mV); default unitless.
 
-    Notes
-    -----
-    ``init(shape)`` draws on the host with a NumPy generator seeded by a key
-    split off ``brainstate.random`` (so ``brainstate.random.seed`` makes the
-    weights reproducible), which avoids compiling a sampler for every new
-    weight shape. It must therefore be called eagerly, not under ``jit``.
+    Notes:
+      ``init(shape)`` draws on the host with a NumPy generator seeded by a key
+      split off ``brainstate.random`` (so ``brainstate.random.seed`` makes the
+      weights reproducible), which avoids compiling a sampler for every new
+      weight shape. It must therefore be called eagerly, not under ``jit``.
     """
 
     def __init__(self, scale: float, unit: Optional[u.Unit] = None):
@@ -233,56 +230,42 @@ class _ConvNd(brainstate.nn.Module):
 
 _CONV_DOC = r"""{n}-D convolution layer (trainable kernel and bias via the ETP ``conv``).
 
-    Parameters
-    ----------
-    in_channels, out_channels : int
-        Channel counts; both must be divisible by ``groups``.
-    kernel_size : int or tuple of {n} ints
-        Spatial kernel extent.
-    stride : int or tuple of {n} ints, default 1
-        Window strides.
-    padding : {{'SAME', 'VALID'}}, int, tuple of {n} ints or of {n} (low, high) pairs, default 'SAME'
-        Zero padding; an int pads both sides of every spatial dimension.
-    dilation : int or tuple of {n} ints, default 1
-        Kernel (``rhs``) dilation.
-    groups : int, default 1
-        Feature groups (``feature_group_count``).
-    bias : bool, default True
-        Whether to add a trainable per-output-channel bias.
-    layout : {{'channels_last', 'channels_first'}}, default 'channels_last'
+    Args:
+      in_channels, out_channels (int): Channel counts; both must be divisible by ``groups``.
+      kernel_size (int or tuple of {n} ints): Spatial kernel extent.
+      stride (int or tuple of {n} ints, default 1): Window strides.
+      padding (str, int or tuple, default 'SAME'): Zero padding: ``'SAME'``,
+        ``'SAME_LOWER'``, ``'VALID'``, an int (both sides of every spatial dimension),
+        {n} ints or {n} non-negative (low, high) pairs.
+      dilation (int or tuple of {n} ints, default 1): Kernel (``rhs``) dilation.
+      groups (int, default 1): Feature groups (``feature_group_count``).
+      bias (bool, default True): Whether to add a trainable per-output-channel bias.
+      layout ({{'channels_last', 'channels_first'}}, default 'channels_last'):
         ``channels_last``: input/output ``{cl}``, kernel ``{cl_k}``;
         ``channels_first``: input/output ``{cf}``, kernel ``{cf_k}``.
-    w_init : callable or array, default :data:`DEFAULT_W_INIT`
+      w_init (callable or array, default :data:`DEFAULT_W_INIT`):
         A callable is called with the channels-last kernel shape
         ``(*kernel_size, in_channels // groups, out_channels)`` (so fan-in based
         initialisers see the right axes) and transposed for ``channels_first``;
         an array must have the kernel shape of the layout.
-    b_init : callable or array, optional
+      b_init (callable or array, optional):
         Bias initialiser (shape ``(out_channels,)``); default zeros in the unit of
         the weight.
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Attributes
-    ----------
-    weight : brainstate.ParamState
-        Kernel in the layout's kernel format.
-    bias : brainstate.ParamState or None
-        Shape ``(out_channels,)``.
+    Attributes:
+      weight (brainstate.ParamState): Kernel in the layout's kernel format.
+      bias (brainstate.ParamState or None): Shape ``(out_channels,)``.
 
-    Notes
-    -----
-    ``update(x)`` takes ``x`` of shape ``{cl}`` / ``{cf}`` or one sample without
-    the batch axis; the output unit is ``unit(x) * unit(weight)``.
+    Notes:
+      ``update(x)`` takes ``x`` of shape ``{cl}`` / ``{cf}`` or one sample without
+      the batch axis; the output unit is ``unit(x) * unit(weight)``.
 
-    Raises
-    ------
-    ValueError
-        Wrong ``kernel_size``/``stride``/``dilation``/``padding`` length or sign,
+    Raises:
+      ValueError: Wrong ``kernel_size``/``stride``/``dilation``/``padding`` length or sign,
         ``groups`` not dividing the channels, unknown ``layout``, an initial
         array of the wrong shape, or an input with the wrong rank or channel count.
-    TypeError
-        Non-integer sizes.
+      TypeError: Non-integer sizes.
     """
 
 
@@ -315,32 +298,24 @@ CONV_BY_RANK = {1: Conv1d, 2: Conv2d, 3: Conv3d}
 class Linear(brainstate.nn.Module):
     r"""Fully connected layer ``y = x @ weight + bias`` via the ETP ``dense``.
 
-    Parameters
-    ----------
-    in_features, out_features : int
-        Input and output sizes.
-    bias : bool, default True
-        Whether to add a trainable bias.
-    w_init : callable or array, default :data:`DEFAULT_W_INIT`
+    Args:
+      in_features, out_features (int): Input and output sizes.
+      bias (bool, default True): Whether to add a trainable bias.
+      w_init (callable or array, default :data:`DEFAULT_W_INIT`):
         Called with ``(in_features, out_features)``, or an array of that shape.
-    b_init : callable or array, optional
+      b_init (callable or array, optional):
         Bias initialiser (shape ``(out_features,)``); default zeros in the unit
         of the weight.
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Attributes
-    ----------
-    weight : brainstate.ParamState
-        Shape ``(in_features, out_features)``.
-    bias : brainstate.ParamState or None
-        Shape ``(out_features,)``.
+    Attributes:
+      weight (brainstate.ParamState): Shape ``(in_features, out_features)``.
+      bias (brainstate.ParamState or None): Shape ``(out_features,)``.
 
-    Notes
-    -----
-    ``update(x)``: ``x`` of shape ``(batch, in_features)`` or ``(in_features,)``
-    gives ``(batch, out_features)`` or ``(out_features,)``, with unit
-    ``unit(x) * unit(weight)``.
+    Notes:
+      ``update(x)``: ``x`` of shape ``(batch, in_features)`` or ``(in_features,)``
+      gives ``(batch, out_features)`` or ``(out_features,)``, with unit
+      ``unit(x) * unit(weight)``.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -370,19 +345,15 @@ class Linear(brainstate.nn.Module):
 class Flatten(brainstate.nn.Module):
     r"""Flatten the axes from ``start_axis`` on into one (no parameters).
 
-    Parameters
-    ----------
-    start_axis : int, default 1
-        First axis to flatten. The default keeps a leading batch axis:
+    Args:
+      start_axis (int, default 1): First axis to flatten. The default keeps a leading batch axis:
         ``(N, *dims) -> (N, prod(dims))``. Use a negative value counted from the
         end (e.g. ``-3`` for ``(..., H, W, C)``) for models that also run on
         single samples without the batch axis (e.g. under ``vmap``).
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Notes
-    -----
-    Units are preserved.
+    Notes:
+      Units are preserved.
     """
 
     def __init__(self, start_axis: int = 1, name: Optional[str] = None):
@@ -412,23 +383,19 @@ class AvgPool(brainstate.nn.Module):
     neuron it drives (the online executors expect elementwise maps there);
     place it after a neuron, before the next convolution.
 
-    Parameters
-    ----------
-    kernel_size : tuple of int
-        Window extent per spatial dimension.
-    stride : int or tuple of int, optional
+    Args:
+      kernel_size (tuple of int): Window extent per spatial dimension.
+      stride (int or tuple of int, optional):
         Window strides; default ``kernel_size`` (non-overlapping windows).
-    padding : {'SAME', 'VALID'}, int, tuple of ints or of (low, high) pairs, default 'VALID'
-        Spatial zero padding.
-    layout : {'channels_last', 'channels_first'}, default 'channels_last'
+      padding (str, int or tuple, default 'VALID'): Spatial zero padding, in the forms
+        :class:`Conv2d` takes.
+      layout ({'channels_last', 'channels_first'}, default 'channels_last'):
         Input ``(N, *spatial, C)`` or ``(N, C, *spatial)``; the batch axis may
         be absent.
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Notes
-    -----
-    Units are preserved.
+    Notes:
+      Units are preserved.
     """
     num_spatial_dims: Optional[int] = None
 
