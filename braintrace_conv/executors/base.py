@@ -482,8 +482,8 @@ class OnlineLearner(Learner):
                 return jnp.sum(losses), (outs, op_outputs)
 
             # the ops' outputs of the block's forward pass serve the trace updates too
-            loss, vjp, (outs, op_outputs) = jax.vjp(block_loss, params, [hidden[l] for l in traced],
-                                            has_aux=True)
+            loss, vjp, (outs, op_outputs) = jax.vjp(
+                block_loss, params, [hidden[l] for l in traced], has_aux=True)
             g_params, g_hidden = vjp(jnp.ones_like(loss))
             dw, d_dyn = self._boundary(graph, state, dict(zip(traced, g_hidden)), weights)
             acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, g_params)]

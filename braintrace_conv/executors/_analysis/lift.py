@@ -247,7 +247,8 @@ def _pool_folds(jaxpr, params_only) -> dict:
             c = b if a is jaxpr.eqns[j].outvars[0] else a
             if is_literal(c) and np.ndim(c.val) == 0 and \
                     (jaxpr.eqns[k].primitive.name == 'mul' or b is c):
-                scale = float(c.val) if jaxpr.eqns[k].primitive.name == 'mul' else 1.0 / float(c.val)
+                scale = float(c.val)
+                scale = scale if jaxpr.eqns[k].primitive.name == 'mul' else 1.0 / scale
             else:
                 k = None
         else:
