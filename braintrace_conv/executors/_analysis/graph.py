@@ -183,7 +183,7 @@ class StepGraph:
         """
         eps, override = eps or {}, override or {}
         op_at = {op.eqn: k for k, op in enumerate(self.ops)}
-        op_inputs, outputs = {}, {}
+        x_of, y_of = {}, {}     # op index -> its input and output in this evaluation
 
         def write(v, val):
             if v in override:
@@ -200,19 +200,18 @@ class StepGraph:
             if weights is not None:
                 for name, slot in op.weight_slots.items():
                     invals[slot] = weights[k][name]
-            op_inputs[k] = invals[op.primitive.x_invar_index]
+            x_of[k] = invals[op.primitive.x_invar_index]
             if op_outputs is not None:
-                outputs[k] = lax.stop_gradient(op_outputs[k])
+                y_of[k] = lax.stop_gradient(op_outputs[k])
             else:
-                outputs[k] = eqn.primitive.bind(*invals, **eqn.params)
-            return [outputs[k] + delta[k] if delta is not None and k in delta else outputs[k]]
+                y_of[k] = eqn.primitive.bind(*invals, **eqn.params)
+            return [y_of[k] + delta[k] if delta is not None and k in delta else y_of[k]]
 
         step = self.step
         env = interpret(step.closed_jaxpr, dict(zip(step.closed_jaxpr.jaxpr.invars,
                                                    [*hidden, *params, *inputs])),
                        bind=bind, write=write)
-        record = dict(op_inputs=op_inputs, op_outputs=outputs,
-                      cut=[env[v] for v in self.cut_vars])
+        record = dict(op_inputs=x_of, op_outputs=y_of, cut=[env[v] for v in self.cut_vars])
         return ([read(env, v) for v in step.new_hidden_vars],
                 [read(env, v) for v in step.output_vars], record)
 
