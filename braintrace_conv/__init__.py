@@ -19,7 +19,7 @@ from .conv import conv, etp_conv_p  # noqa: E402
 from .dense import dense, etp_dense_p  # noqa: E402
 from .executors import BPTT, D_RTRL, ES_D_RTRL, register_elementwise  # noqa: E402
 from .training import Trainer  # noqa: E402
-from . import data, nn  # noqa: E402  (bc.nn, bc.data after `import braintrace_conv as bc`)
+from . import data, extend, nn  # noqa: E402  (bc.nn, bc.data, bc.extend after import)
 
 __all__ = ['ETPPrimitive', 'register_primitive', 'conv', 'etp_conv_p', 'dense', 'etp_dense_p',
            'BPTT', 'D_RTRL', 'ES_D_RTRL', 'register_elementwise', 'Trainer', 'use_float64']

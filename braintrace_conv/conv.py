@@ -12,23 +12,24 @@ where ``P`` is the receptive-field patch of ``x`` seen by output element
 grouping) or batch block (batch grouping) that feeds channel ``k``.
 
 Exact D-RTRL therefore keeps the kernel trace **position-resolved** (``docs/theory.md``,
-"conv kernel trace"), one entry per output element, state variable and kernel entry
+"conv kernel trace"), one entry per output element, cut value (``m`` per element: the
+state variables of most neurons, see :mod:`braintrace_conv.primitive`) and kernel entry
 ``P = I_kernel * prod(kernel spatial)`` (channel-major, like the ``(I, *spatial)`` part
 of an ``OI...`` kernel). The bias trace is the trace of one more kernel entry whose
 input is always 1; both are summed over positions only on contraction. Their layout
 follows the output's (:func:`_trace_form`)::
 
-    output (..., K), channels last:   kernel trace (..., K, n, P)
-                                      bias trace   (..., K, n, 1)
-    output (*before, K, *after):      kernel trace (K, n, P, *before, S)
-                                      bias trace   (K, n, 1, *before, S)
+    output (..., K), channels last:   kernel trace (..., K, m, P)
+                                      bias trace   (..., K, m, 1)
+    output (*before, K, *after):      kernel trace (K, m, P, *before, S)
+                                      bias trace   (K, m, 1, *before, S)
 
 with ``S`` the axes after the channel flattened. The per-element factors ``D``, ``Df``
 and ``g`` arrive in the output's layout, so the fused per-step update reads every
 operand contiguously along a long minor axis (a transposed operand keeps XLA's CPU
 backend from vectorising the loop), and the contraction sums whole rows. Measured in
 the executors' loop on the benchmark: D-RTRL 15-20% faster on the channels-last model than
-with one canonical layout ``(G, K/G, P, N, n, S)`` for every output, as fast on the
+with one canonical layout ``(G, K/G, P, N, m, S)`` for every output, as fast on the
 channels-first one; ``P`` minor for channels-first outputs, a flattened batch axis, or
 the contraction written as a matrix product were each slower.
 """
@@ -44,21 +45,22 @@ import numpy as np
 from jax import lax
 from jax.interpreters import ad, mlir
 
-from .conv_args import conv_params
-from .primitive import register_primitive
+from .conv_args import conv_params, dilated_extent
+from .primitive import derived_transpose, register_primitive
 from .units import bias_in_unit, join_unit, split_unit
 
 __all__ = ['etp_conv_p', 'conv']
 
 
 # --------------------------------------------------------------------------- forward
-def _lax_conv(x, kernel, p):
+def _lax_conv(x, kernel, params):
     return lax.conv_general_dilated(
-        x, kernel, window_strides=p['strides'], padding=p['padding'],
-        lhs_dilation=p['lhs_dilation'], rhs_dilation=p['rhs_dilation'],
-        dimension_numbers=p['dimension_numbers'],
-        feature_group_count=p['feature_group_count'], batch_group_count=p['batch_group_count'],
-        precision=p['precision'], preferred_element_type=p['preferred_element_type'])
+        x, kernel, window_strides=params['strides'], padding=params['padding'],
+        lhs_dilation=params['lhs_dilation'], rhs_dilation=params['rhs_dilation'],
+        dimension_numbers=params['dimension_numbers'],
+        feature_group_count=params['feature_group_count'],
+        batch_group_count=params['batch_group_count'],
+        precision=params['precision'], preferred_element_type=params['preferred_element_type'])
 
 
 def _bias_shape(rank: int, channel_axis: int, out_ch: int):
@@ -75,7 +77,7 @@ def _channels_last(n_spatial: int) -> lax.ConvDimensionNumbers:
                                     (0, n_spatial + 1, *spatial))
 
 
-def _channels_last_conv(x, kernel, p):
+def _channels_last_conv(x, kernel, params):
     """``_lax_conv`` computed on channels-last copies of ``x`` and ``kernel``.
 
     XLA's CPU backend runs convolutions inside loop bodies (every executor's scan)
@@ -85,22 +87,23 @@ def _channels_last_conv(x, kernel, p):
     gradient 1.1-164x (lax's gradient convolutions keep operands in other orders),
     channels-last forward equal. The transposes cost little next to that.
     """
-    dn, n = p['dimension_numbers'], x.ndim - 2
+    dn, n_spatial = params['dimension_numbers'], x.ndim - 2
     x_cl = jnp.transpose(x, (dn.lhs_spec[0], *dn.lhs_spec[2:], dn.lhs_spec[1]))
     k_cl = jnp.transpose(kernel, (*dn.rhs_spec[2:], dn.rhs_spec[1], dn.rhs_spec[0]))
-    y = _lax_conv(x_cl, k_cl, dict(p, dimension_numbers=_channels_last(n)))
-    at = (0, n + 1, *range(1, n + 1))   # axis of y holding canonical dim j (N, K, *S)
+    y = _lax_conv(x_cl, k_cl, dict(params, dimension_numbers=_channels_last(n_spatial)))
+    # the axis of y holding canonical dim j (N, K, *S)
+    at = (0, n_spatial + 1, *range(1, n_spatial + 1))
     perm = [0] * y.ndim
     for j, axis in enumerate(dn.out_spec):
         perm[axis] = at[j]
     return jnp.transpose(y, perm)
 
 
-def _conv_impl(x, kernel, *bias, has_bias, pool=None, convolution=_lax_conv, **p):
-    y = convolution(x, kernel, p)
+def _conv_impl(x, kernel, *bias, has_bias, pool=None, convolution=_lax_conv, **params):
+    y = convolution(x, kernel, params)
     if has_bias:
         (b,) = bias
-        channel_axis = p['dimension_numbers'].out_spec[1]
+        channel_axis = params['dimension_numbers'].out_spec[1]
         y = y + jnp.reshape(b, _bias_shape(y.ndim, channel_axis, b.shape[0])).astype(y.dtype)
     return y if pool is None else _pool(y, pool)
 
@@ -121,23 +124,23 @@ def _trainable_invars(params):
 
 
 # --------------------------------------------------------------------------- geometry
-def _groups(p) -> int:
-    return p['feature_group_count'] * p['batch_group_count']
+def _groups(params) -> int:
+    return params['feature_group_count'] * params['batch_group_count']
 
 
-def _kernel_spatial(kernel_shape, p):
-    return tuple(kernel_shape[i] for i in p['dimension_numbers'].rhs_spec[2:])
+def _kernel_spatial(kernel_shape, params):
+    return tuple(kernel_shape[i] for i in params['dimension_numbers'].rhs_spec[2:])
 
 
-def _explicit_padding(dilated_sizes, extent, p):
+def _explicit_padding(dilated_sizes, extent, params):
     """The ``(low, high)`` padding of each spatial dimension (a padding string resolved
     for inputs of ``dilated_sizes`` and kernels of ``extent``)."""
-    if isinstance(p['padding'], str):
-        return lax.padtype_to_pads(dilated_sizes, extent, p['strides'], p['padding'])
-    return p['padding']
+    if isinstance(params['padding'], str):
+        return lax.padtype_to_pads(dilated_sizes, extent, params['strides'], params['padding'])
+    return params['padding']
 
 
-def _window_copies(x, window, p):
+def _window_copies(x, window, params):
     """``x`` (``lhs_spec`` layout) with its channel axis ``C`` replaced by ``C *
     prod(window)`` (channel-major) and its spatial axes by the output's: for every output
     position, the input values under each kernel tap, as
@@ -147,39 +150,40 @@ def _window_copies(x, window, p):
     copies, so no rounding on any backend, and measured 2x faster on CPU than the 0/1
     convolution that extracts the same values.
     """
-    spec = p['dimension_numbers'].lhs_spec
+    spec = params['dimension_numbers'].lhs_spec
     channel, spatial = spec[1], spec[2:]
-    dilated = tuple((x.shape[a] - 1) * ld + 1 for a, ld in zip(spatial, p['lhs_dilation']))
-    extent = tuple((k - 1) * rd + 1 for k, rd in zip(window, p['rhs_dilation']))
-    padding = _explicit_padding(dilated, extent, p)
+    dilated = tuple(dilated_extent(x.shape[a], ld)
+                    for a, ld in zip(spatial, params['lhs_dilation']))
+    extent = tuple(map(dilated_extent, window, params['rhs_dilation']))
+    padding = _explicit_padding(dilated, extent, params)
     config = [(0, 0, 0)] * x.ndim
-    for a, (lo, hi), ld in zip(spatial, padding, p['lhs_dilation']):
+    for a, (lo, hi), ld in zip(spatial, padding, params['lhs_dilation']):
         config[a] = (lo, hi, ld - 1)
     xp = lax.pad(x, np.zeros((), x.dtype), config)
     out = tuple(max(0, (xp.shape[a] - e) // st + 1)
-                for a, e, st in zip(spatial, extent, p['strides']))
+                for a, e, st in zip(spatial, extent, params['strides']))
     taps = []
     for tap in np.ndindex(*window):
         start, stop, step = [0] * x.ndim, list(xp.shape), [1] * x.ndim
-        for a, t, rd, o, st in zip(spatial, tap, p['rhs_dilation'], out, p['strides']):
+        for a, t, rd, o, st in zip(spatial, tap, params['rhs_dilation'], out, params['strides']):
             start[a], step[a] = t * rd, st
-            stop[a] = start[a] + (o - 1) * st + 1 if o else start[a]
+            stop[a] = start[a] + dilated_extent(o, st) if o else start[a]
         taps.append(lax.slice(xp, start, stop, step))
     stacked = jnp.stack(taps, axis=channel + 1)               # (..., C, prod(window), ...)
     return stacked.reshape(*stacked.shape[:channel], -1, *stacked.shape[channel + 2:])
 
 
-def _patches(x, kernel_shape, y_shape, p):
+def _patches(x, kernel_shape, y_shape, params):
     """Receptive-field patches in the kernel-trace layout (see :func:`_trace_form`), with
     a unit state axis and a channel axis of size 1 for one group (broadcast). Entry ``p``
     of an output element is the input value it sees under kernel entry ``p`` (input
     channel within the group and tap, channel-major), pooled like the output if a
     pooling is folded in."""
-    dn = p['dimension_numbers']
-    windows = _window_copies(x, _kernel_spatial(kernel_shape, p), p) if x.ndim > 2 else x
+    dn = params['dimension_numbers']
+    windows = _window_copies(x, _kernel_spatial(kernel_shape, params), params) if x.ndim > 2 else x
     # to the output's layout, channel axis split into (G, P)
     in_y = jnp.transpose(windows, [dn.lhs_spec[i] for i in np.argsort(dn.out_spec)])
-    c, fgc, bgc = dn.out_spec[1], p['feature_group_count'], p['batch_group_count']
+    c, fgc, bgc = dn.out_spec[1], params['feature_group_count'], params['batch_group_count']
     b = dn.out_spec[0]
     if bgc > 1:   # output channel group g reads input batch block g
         in_y = in_y.reshape(*in_y.shape[:b], bgc, -1, *in_y.shape[b + 1:])
@@ -187,62 +191,62 @@ def _patches(x, kernel_shape, y_shape, p):
         in_y = in_y.reshape(*in_y.shape[:c + 1], 1, *in_y.shape[c + 1:])
     else:         # output channel group g reads input channel block g
         in_y = in_y.reshape(*in_y.shape[:c], fgc, 1, -1, *in_y.shape[c + 1:])
-    if p.get('pool') is not None:
-        window, strides, padding, scale = p['pool']
+    if params.get('pool') is not None:
+        window, strides, padding, scale = params['pool']
         at = lambda seq, fill: (*seq[:c + 1], fill, fill, *seq[c + 1:])
         in_y = _pool(in_y, (at(window, 1), at(strides, 1), at(padding, (0, 0)), scale))
-    groups, channels = _groups(p), y_shape[c]
+    groups, channels = _groups(params), y_shape[c]
     if groups > 1 and channels > groups:                      # K/G channels per group
         in_y = jnp.repeat(in_y, channels // groups, axis=c)
-    if _channel_is_minor(p, len(y_shape)):
+    if _channel_is_minor(params, len(y_shape)):
         return in_y
     in_y = in_y.reshape(*in_y.shape[:c + 3], -1)              # (*before, G, 1, P, S)
     return jnp.moveaxis(in_y, (c, c + 1, c + 2), (0, 1, 2))
 
 
-def _taps(kernel_shape, p) -> int:
+def _taps(kernel_shape, params) -> int:
     """``P``: kernel entries per output channel (input channels of a group x taps)."""
-    in_channels = kernel_shape[p['dimension_numbers'].rhs_spec[1]]
-    return in_channels * math.prod(_kernel_spatial(kernel_shape, p))
+    in_channels = kernel_shape[params['dimension_numbers'].rhs_spec[1]]
+    return in_channels * math.prod(_kernel_spatial(kernel_shape, params))
 
 
-def _kernel_from_taps(dk, kernel_shape, p):
+def _kernel_from_taps(dk, kernel_shape, params):
     """``(K, P)`` -> kernel layout."""
-    rhs_spec = p['dimension_numbers'].rhs_spec
+    rhs_spec = params['dimension_numbers'].rhs_spec
     canonical_shape = tuple(kernel_shape[i] for i in rhs_spec)           # (O, I, *U)
     return jnp.transpose(dk.reshape(canonical_shape), np.argsort(rhs_spec))
 
 
-def _spatial_axes_of_out(p, y_ndim):
-    out_spec = p['dimension_numbers'].out_spec
+def _spatial_axes_of_out(params, y_ndim):
+    out_spec = params['dimension_numbers'].out_spec
     return tuple(i for i in range(y_ndim) if i != out_spec[1])
 
 
-def _channel_is_minor(p, y_ndim) -> bool:
+def _channel_is_minor(params, y_ndim) -> bool:
     """Whether the output is channels last (its channel axis the minor one)."""
-    return p['dimension_numbers'].out_spec[1] == y_ndim - 1
+    return params['dimension_numbers'].out_spec[1] == y_ndim - 1
 
 
-def _trace_channel(p, y_ndim) -> int:
+def _trace_channel(params, y_ndim) -> int:
     """Position of the channel axis in a kernel trace (see :func:`_trace_form`)."""
-    return y_ndim - 1 if _channel_is_minor(p, y_ndim) else 0
+    return y_ndim - 1 if _channel_is_minor(params, y_ndim) else 0
 
 
-def _trace_form(a, p, n_state_axes: int, extra: int = 0):
+def _trace_form(a, params, n_state_axes: int, extra: int = 0):
     """``(*y.shape, *state)`` -> the kernel-trace layout, ``extra`` unit axes after the state.
 
-    The D-RTRL kernel trace holds, per output element and state variable, one entry per
+    The D-RTRL kernel trace holds, per output element and cut value, one entry per
     kernel entry ``P`` of its channel ``K``. Its layout follows the output's, in which
     ``D``, ``Df`` and ``g`` arrive, so that the per-step update reads every operand
     contiguously along the minor axis and the contraction is a sum over whole rows:
 
-    * channels last (``(..., K)``): ``(..., K, n, P)``, kernel entries minor;
-    * otherwise (``(*before, K, *after)``): ``(K, n, P, *before, S)``, the output axes
+    * channels last (``(..., K)``): ``(..., K, m, P)``, kernel entries minor;
+    * otherwise (``(*before, K, *after)``): ``(K, m, P, *before, S)``, the output axes
       after the channel (the positions) flattened into one minor axis ``S``.
     """
-    c = p['dimension_numbers'].out_spec[1]
+    c = params['dimension_numbers'].out_spec[1]
     rank = a.ndim - n_state_axes
-    if _channel_is_minor(p, rank):
+    if _channel_is_minor(params, rank):
         return a.reshape(*a.shape, *(1,) * extra)
     a = a.reshape(*a.shape[:c + 1], -1, *a.shape[rank:])      # (*before, K, S, *state)
     a = jnp.moveaxis(a, (c, *range(c + 2, a.ndim)), tuple(range(1 + n_state_axes)))
@@ -250,67 +254,73 @@ def _trace_form(a, p, n_state_axes: int, extra: int = 0):
 
 
 # --------------------------------------------------------------------------- ETP rules
-# D-RTRL traces, in the layout of :func:`_trace_form`: the kernel trace ``(.., K, n, P,
-# ..)`` and the bias trace ``(.., K, n, 1, ..)``, the latter being the trace of one more
+# D-RTRL traces, in the layout of :func:`_trace_form`: the kernel trace ``(.., K, m, P,
+# ..)`` and the bias trace ``(.., K, m, 1, ..)``, the latter being the trace of one more
 # kernel entry whose input is always 1 (with a folded pooling, the pooled count).
-def _yw_to_w(hidden_dim, trace, **p):
-    """Apply ``D^t`` (``(*y.shape, n, n)``) to the traces, element by element."""
-    kc = _trace_channel(p, hidden_dim.ndim - 2)
-    d = _trace_form(hidden_dim, p, 2, extra=1)                # (.., K, n, n, 1, ..)
-    # out[m] = sum_k D[m, k] E[k], written as a sum of broadcast products (a reduction
+def _yw_to_w(D, trace, **params):
+    """Apply ``D^t`` (``(*y.shape, m, m)``) to the traces, element by element."""
+    kc = _trace_channel(params, D.ndim - 2)
+    D_form = _trace_form(D, params, 2, extra=1)                   # (.., K, m, m, 1, ..)
+    # out[i] = sum_j D[i, j] E[j], written as a sum of broadcast products (a reduction
     # over the middle state axis made XLA's CPU backend crash in jaxlib 0.10)
-    apply = lambda e: sum(lax.index_in_dim(d, k, axis=kc + 2, keepdims=False)
-                          * lax.slice_in_dim(e, k, k + 1, axis=kc + 1)
-                          for k in range(hidden_dim.shape[-1]))
+    apply = lambda e: sum(lax.index_in_dim(D_form, j, axis=kc + 2, keepdims=False)
+                          * lax.slice_in_dim(e, j, j + 1, axis=kc + 1)
+                          for j in range(D.shape[-1]))
     return {slot: apply(e) for slot, e in trace.items()}
 
 
-def _xdf_to_trace(x, hidden_dim, weights, **p):
-    """Instantaneous term ``E[k, m, p] = Df^t[k, m] * patch[k, p]`` per output element, for
-    ``hidden_dim = Df^t`` (``(*y.shape, n)``; with a folded pooling, the pooled patch)."""
-    df = _trace_form(hidden_dim, p, 1, extra=1)               # (.., K, n, 1, ..)
-    patches = _patches(x, weights['weight'].shape, hidden_dim.shape[:-1], p)
-    out = {'weight': df * patches.astype(df.dtype)}
-    if p['has_bias']:
-        if p.get('pool') is None:
-            out['bias'] = df
+def _xdf_to_trace(x, Df, weights, **params):
+    """Instantaneous term ``E[k, j, p] = Df^t[k, j] * patch[k, p]`` per output element and
+    cut value ``j``, for ``Df^t`` of shape ``(*y.shape, m)`` (with a folded pooling, the
+    pooled patch)."""
+    Df_form = _trace_form(Df, params, 1, extra=1)                 # (.., K, m, 1, ..)
+    patches = _patches(x, weights['weight'].shape, Df.shape[:-1], params)
+    out = {'weight': Df_form * patches.astype(Df_form.dtype)}
+    if params['has_bias']:
+        if params.get('pool') is None:
+            out['bias'] = Df_form
         else:   # d y'/d b = the pooled count of the window at each output position
-            count = _pool(jnp.ones(_unpooled_shape(x, weights, p), df.dtype), p['pool'])
-            out['bias'] = _trace_form(hidden_dim * count[..., None], p, 1, extra=1)
+            count = _pool(jnp.ones(_unpooled_shape(x, weights, params), Df.dtype),
+                          params['pool'])
+            out['bias'] = _trace_form(Df * count[..., None], params, 1, extra=1)
     return out
 
 
-def _trace_to_dw(trace, hidden_dim, weights, **p):
-    """``dK[k, p] = sum_{b,s,m} g[b,s,k,m] E[b,s,k,m,p]``, and the bias likewise: the
-    traces summed over positions here, and only here."""
-    kc = _trace_channel(p, hidden_dim.ndim - 1)
-    g = _trace_form(hidden_dim, p, 1, extra=1)                # (.., K, n, 1, ..)
-    state = lambda a, m: lax.index_in_dim(a, m, axis=kc + 1, keepdims=False)
+def _trace_to_dw(trace, g, weights, **params):
+    """``dK[k, p] = sum_{b,s,j} g[b,s,k,j] E[b,s,k,j,p]`` for the learning signal ``g``
+    (``(*y.shape, m)``), and the bias likewise: the traces summed over positions here,
+    and only here."""
+    kc = _trace_channel(params, g.ndim - 1)
+    g_form = _trace_form(g, params, 1, extra=1)                   # (.., K, m, 1, ..)
+    column = lambda a, j: lax.index_in_dim(a, j, axis=kc + 1, keepdims=False)
 
     def contract(e):   # -> (K, P)
         # summed over the state axis first: the sum over positions then runs over whole
         # rows (measured 1.5x faster on CPU than one reduction with the state axis inside)
-        product = sum(state(g, m) * state(e, m) for m in range(e.shape[kc + 1]))
-        return jnp.sum(product, axis=tuple(a for a in range(product.ndim) if a not in (kc, kc + 1)))
+        product = sum(column(g_form, j) * column(e, j) for j in range(e.shape[kc + 1]))
+        return jnp.sum(product, axis=tuple(a for a in range(product.ndim)
+                                           if a not in (kc, kc + 1)))
 
-    out = {'weight': _kernel_from_taps(contract(trace['weight']), weights['weight'].shape, p)}
-    if p['has_bias']:
+    out = {'weight': _kernel_from_taps(contract(trace['weight']), weights['weight'].shape,
+                                       params)}
+    if params['has_bias']:
         out['bias'] = contract(trace['bias'])[:, 0]
     return out
 
 
-def _xy_to_dw(x, hidden_dim, weights, **p):
-    """Weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta``: the kernel gradient is a
+def _xy_to_dw(x, cotangent, weights, **params):
+    """Weight-shaped VJP ``sum_{b,s} cotangent * dy/dtheta``: the kernel gradient is a
     convolution of ``x`` with the cotangent (:func:`_kernel_gradient`), the bias gradient
     the cotangent summed over batch and positions (a folded pooling is undone first)."""
-    cot = _unpool(hidden_dim, x, weights['weight'], p)
-    out = {'weight': _kernel_gradient(x, cot, weights['weight'].shape, p).astype(hidden_dim.dtype)}
-    if p['has_bias']:
-        out['bias'] = jnp.sum(cot, axis=_spatial_axes_of_out(p, cot.ndim))
+    cot = _unpool(cotangent, x, weights['weight'], params)
+    out = {'weight': _kernel_gradient(x, cot, weights['weight'].shape, params)
+           .astype(cotangent.dtype)}
+    if params['has_bias']:
+        out['bias'] = jnp.sum(cot, axis=_spatial_axes_of_out(params, cot.ndim))
     return out
 
 
-def _kernel_gradient(x, cot, kernel_shape, p):
+def _kernel_gradient(x, cot, kernel_shape, params):
     """``dK[k,c,u] = sum_{b,s} cot[b,s,k] x[b, sigma(s,u), c]`` as a convolution: ``x`` with
     batch and feature roles swapped is the input, the cotangent the kernel (its batch axis
     the kernel's input axis), the forward strides become its kernel dilation and the
@@ -318,124 +328,136 @@ def _kernel_gradient(x, cot, kernel_shape, p):
     versa. Written as this primitive, it lowers like a forward convolution (channels-last
     on CPU: see :func:`_channels_last_conv`; it also measured 1.2-3x faster per step than
     a matrix product of the cotangent with the receptive-field patches)."""
-    dn = p['dimension_numbers']
+    dn = params['dimension_numbers']
     taps = [kernel_shape[a] for a in dn.rhs_spec[2:]]
-    dilated = [(x.shape[a] - 1) * d + 1 for a, d in zip(dn.lhs_spec[2:], p['lhs_dilation'])]
-    extent = [(t - 1) * r + 1 for t, r in zip(taps, p['rhs_dilation'])]
-    padding = _explicit_padding(dilated, extent, p)
+    dilated = [dilated_extent(x.shape[a], d) for a, d in zip(dn.lhs_spec[2:],
+                                                             params['lhs_dilation'])]
+    extent = list(map(dilated_extent, taps, params['rhs_dilation']))
+    padding = _explicit_padding(dilated, extent, params)
     out_sizes = [cot.shape[a] for a in dn.out_spec[2:]]
-    pads = tuple((low, (t - 1) * r + (o - 1) * s + 1 - size - low) for size, o, t, r, s, (low, _)
-                 in zip(dilated, out_sizes, taps, p['rhs_dilation'], p['strides'], padding))
+    # the high padding that makes the input span exactly the kernel and the strided outputs
+    pads = tuple((low, e + dilated_extent(o, s) - 1 - size - low)
+                 for size, o, e, s, (low, _) in zip(dilated, out_sizes, extent,
+                                                    params['strides'], padding))
     dtype = jnp.result_type(x, cot)
     return etp_conv_p.bind(
         x.astype(dtype), cot.astype(dtype), has_bias=False, pool=None,
-        strides=tuple(p['rhs_dilation']), padding=pads, lhs_dilation=tuple(p['lhs_dilation']),
-        rhs_dilation=tuple(p['strides']),
-        feature_group_count=p['batch_group_count'], batch_group_count=p['feature_group_count'],
+        strides=tuple(params['rhs_dilation']), padding=pads,
+        lhs_dilation=tuple(params['lhs_dilation']), rhs_dilation=tuple(params['strides']),
+        feature_group_count=params['batch_group_count'],
+        batch_group_count=params['feature_group_count'],
         dimension_numbers=lax.ConvDimensionNumbers(
             (dn.lhs_spec[1], dn.lhs_spec[0], *dn.lhs_spec[2:]),
             (dn.out_spec[1], dn.out_spec[0], *dn.out_spec[2:]),
             (dn.rhs_spec[1], dn.rhs_spec[0], *dn.rhs_spec[2:])),
-        precision=p['precision'], preferred_element_type=p['preferred_element_type'])
+        precision=params['precision'], preferred_element_type=params['preferred_element_type'])
 
 
-def _unpooled_shape(x, weights, p):
-    return jax.eval_shape(lambda a, k: _lax_conv(a, k, p), x, weights['weight']).shape
+def _unpooled_shape(x, weights, params):
+    return jax.eval_shape(lambda a, k: _lax_conv(a, k, params), x, weights['weight']).shape
 
 
-def _unpool(cotangent, x, kernel, p):
+def _unpool(cotangent, x, kernel, params):
     """The cotangent of the convolution's output before a folded pooling (its transpose)."""
-    if p.get('pool') is None:
+    if params.get('pool') is None:
         return cotangent
-    unpooled = jnp.zeros(_unpooled_shape(x, {'weight': kernel}, p), cotangent.dtype)
-    return jax.vjp(lambda y: _pool(y, p['pool']), unpooled)[1](cotangent)[0]
+    unpooled = jnp.zeros(_unpooled_shape(x, {'weight': kernel}, params), cotangent.dtype)
+    return jax.vjp(lambda y: _pool(y, params['pool']), unpooled)[1](cotangent)[0]
 
 
-def _init_drtrl(x_aval, y_aval, weight_avals, n_state, **p):
+def _init_drtrl(x_aval, y_aval, weight_avals, m, **params):
     # the trace form of y with unit state and kernel-entry axes, which are then sized
-    shape = jax.eval_shape(lambda y: _trace_form(y, p, 0, extra=2),
+    shape = jax.eval_shape(lambda y: _trace_form(y, params, 0, extra=2),
                            jax.ShapeDtypeStruct(y_aval.shape, y_aval.dtype)).shape
-    kc = _trace_channel(p, len(y_aval.shape))
-    trace = lambda taps: jnp.zeros((*shape[:kc + 1], n_state, taps, *shape[kc + 3:]), y_aval.dtype)
-    out = {'weight': trace(_taps(weight_avals['weight'].shape, p))}
-    if p['has_bias']:
+    kc = _trace_channel(params, len(y_aval.shape))
+    trace = lambda taps: jnp.zeros((*shape[:kc + 1], m, taps, *shape[kc + 3:]), y_aval.dtype)
+    out = {'weight': trace(_taps(weight_avals['weight'].shape, params))}
+    if params['has_bias']:
         out['bias'] = trace(1)
     return out
 
 
-def _init_pp(x_aval, y_aval, weight_avals, n_state, **p):
-    return jnp.zeros((*y_aval.shape, n_state), y_aval.dtype)
+def _init_pp(x_aval, y_aval, weight_avals, m, **params):
+    return jnp.zeros((*y_aval.shape, m), y_aval.dtype)
 
 
-etp_conv_p = register_primitive('etp_conv', _conv_impl, batched=True,
-                                trainable_invars_fn=_trainable_invars, x_invar_index=0,
-                                linear_in_weights=True)
-etp_conv_p.register_etp_rules(yw_to_w=_yw_to_w, xy_to_dw=_xy_to_dw, init_drtrl=_init_drtrl,
-                              init_pp=_init_pp, xdf_to_trace=_xdf_to_trace,
-                              trace_to_dw=_trace_to_dw)
+def _fold_pool(params, window, strides, padding, scale):
+    """``params`` with ``scale * reduce_window_sum(y)`` folded into the op (:func:`_pool`),
+    or ``None`` when the pooling also runs over the batch or channel axis or a pooling
+    is folded in already."""
+    if params.get('pool') is not None:
+        return None
+    if any(window[a] != 1 or strides[a] != 1 or padding[a] != (0, 0)
+           for a in params['dimension_numbers'].out_spec[:2]):
+        return None
+    return dict(params, pool=(window, strides, padding, scale))
 
 
 # --------------------------------------------------------------------------- JAX rules
 # The convolution is bilinear: the tangent in x is the primitive itself (no bias), so the
 # input gradient is this module's transposed convolution, which lowers like any other.
-def _conv_jvp(primals, tangents, *, has_bias, **p):
+def _conv_jvp(primals, tangents, *, has_bias, **params):
     x, kernel, *bias = primals
     x_dot, *weight_dots = tangents
     parts = []
     if type(x_dot) is not ad.Zero:
-        parts.append(etp_conv_p.bind(x_dot, kernel, has_bias=False, **p))
+        parts.append(etp_conv_p.bind(x_dot, kernel, has_bias=False, **params))
     if any(type(t) is not ad.Zero for t in weight_dots):   # linear in (kernel, bias) jointly
         parts.append(etp_conv_p.bind(x, *map(ad.instantiate_zeros, weight_dots),
-                                     has_bias=has_bias, **p))
-    return etp_conv_p.bind(*primals, has_bias=has_bias, **p), sum(parts[1:], parts[0])
+                                     has_bias=has_bias, **params))
+    return etp_conv_p.bind(*primals, has_bias=has_bias, **params), sum(parts[1:], parts[0])
 
 
-def _conv_transpose(cotangent, x, *weights, has_bias, **p):
+def _conv_transpose(cotangent, x, *weights, has_bias, **params):
     if not ad.is_undefined_primal(x):
-        return _weights_transpose(cotangent, x, *weights, has_bias=has_bias, **p)
+        return derived_transpose(etp_conv_p, cotangent, x, *weights, has_bias=has_bias, **params)
     if has_bias or any(ad.is_undefined_primal(w) for w in weights):
         raise NotImplementedError('etp_conv is linear in x only without a bias and for a '
                                   'fixed kernel.')
-    cotangent = _unpool(ad.instantiate_zeros(cotangent), x.aval, weights[0], p)
-    dx = _input_gradient(cotangent, weights[0], x.aval.shape, p)
+    cotangent = _unpool(ad.instantiate_zeros(cotangent), x.aval, weights[0], params)
+    dx = _input_gradient(cotangent, weights[0], x.aval.shape, params)
     return [dx.astype(x.aval.dtype), None]
 
 
-def _input_gradient(cotangent, kernel, x_shape, p):
+def _input_gradient(cotangent, kernel, x_shape, params):
     """``dL/dx`` of ``y = conv(x, kernel)``: a convolution of the cotangent, with input
     dilation by the strides, the kernel's taps flipped and its in/out roles swapped
     within each feature group, and the padding that restores ``x``'s extent."""
-    dn, n = p['dimension_numbers'], len(x_shape) - 2
-    if p['batch_group_count'] > 1 or any(d != 1 for d in p['lhs_dilation']):
+    dn, n_spatial = params['dimension_numbers'], len(x_shape) - 2
+    if params['batch_group_count'] > 1 or any(d != 1 for d in params['lhs_dilation']):
         # (rare) forms whose transpose is not such a convolution: lax's own rule
         zeros = jnp.zeros(x_shape, cotangent.dtype)
-        return jax.vjp(lambda a: _lax_conv(a, kernel, dict(p, pool=None)), zeros)[1](cotangent)[0]
-    g = p['feature_group_count']
-    k = jnp.transpose(kernel, dn.rhs_spec)                                  # (O, I, *U)
-    out_ch, in_ch, taps = k.shape[0], k.shape[1], k.shape[2:]
-    k = k.reshape(g, out_ch // g, in_ch, *taps).swapaxes(1, 2).reshape(g * in_ch, out_ch // g,
-                                                                        *taps)
-    k = jnp.flip(k, axis=tuple(range(2, n + 2)))
+        conv_of = lambda a: _lax_conv(a, kernel, dict(params, pool=None))
+        return jax.vjp(conv_of, zeros)[1](cotangent)[0]
+    fgc = params['feature_group_count']
+    swapped = jnp.transpose(kernel, dn.rhs_spec)                            # (O, I, *U)
+    out_ch, in_ch, taps = swapped.shape[0], swapped.shape[1], swapped.shape[2:]
+    swapped = swapped.reshape(fgc, out_ch // fgc, in_ch, *taps).swapaxes(1, 2)
+    swapped = swapped.reshape(fgc * in_ch, out_ch // fgc, *taps)
+    swapped = jnp.flip(swapped, axis=tuple(range(2, n_spatial + 2)))
     in_sizes = [x_shape[a] for a in dn.lhs_spec[2:]]
     out_sizes = [cotangent.shape[a] for a in dn.out_spec[2:]]
-    extent = [(t - 1) * r + 1 for t, r in zip(taps, p['rhs_dilation'])]
-    padding = _explicit_padding(in_sizes, extent, p)
+    extent = list(map(dilated_extent, taps, params['rhs_dilation']))
+    padding = _explicit_padding(in_sizes, extent, params)
     pads = []
-    for size, out, e, stride, (low, _) in zip(in_sizes, out_sizes, extent, p['strides'],
+    for size, out, e, stride, (low, _) in zip(in_sizes, out_sizes, extent, params['strides'],
                                               padding):
         before = e - 1 - low
-        pads.append((before, size + e - 1 - ((out - 1) * stride + 1) - before))
-    iota = tuple(range(n + 2))
+        pads.append((before, size + e - 1 - dilated_extent(out, stride) - before))
+    iota = tuple(range(n_spatial + 2))
     return etp_conv_p.bind(
-        cotangent, k, **dict(p, has_bias=False, pool=None, strides=(1,) * n, padding=tuple(pads),
-                             lhs_dilation=tuple(p['strides']),
-                             dimension_numbers=lax.ConvDimensionNumbers(dn.out_spec, iota,
-                                                                        dn.lhs_spec)))
+        cotangent, swapped, **dict(params, has_bias=False, pool=None, strides=(1,) * n_spatial,
+                                   padding=tuple(pads), lhs_dilation=tuple(params['strides']),
+                                   dimension_numbers=lax.ConvDimensionNumbers(dn.out_spec, iota,
+                                                                              dn.lhs_spec)))
 
 
-_weights_transpose = ad.primitive_transposes[etp_conv_p]   # the derived rule (xy_to_dw)
-ad.primitive_jvps[etp_conv_p] = _conv_jvp
-ad.primitive_transposes[etp_conv_p] = _conv_transpose
+etp_conv_p = register_primitive('etp_conv', _conv_impl,
+                                trainable_invars_fn=_trainable_invars, x_invar_index=0,
+                                linear_in_weights=True, jvp=_conv_jvp, transpose=_conv_transpose)
+etp_conv_p.register_etp_rules(yw_to_w=_yw_to_w, xy_to_dw=_xy_to_dw, init_drtrl=_init_drtrl,
+                              init_pp=_init_pp, xdf_to_trace=_xdf_to_trace,
+                              trace_to_dw=_trace_to_dw, fold_pool=_fold_pool)
 mlir.register_lowering(etp_conv_p, mlir.lower_fun(partial(_conv_impl,
                                                           convolution=_channels_last_conv),
                                                   multiple_results=False), platform='cpu')

@@ -2,36 +2,76 @@
 
 One rank-generic place turns user arguments into the hashable parameters the
 conv primitive is bound with, and rejects bad input before any compute, with a
-message naming the argument and what was expected.
+message naming the argument and what was expected. The layers of
+:mod:`braintrace_conv.nn` normalise their padding here too, and every extent of
+a dilated window is :func:`dilated_extent`.
 """
 from __future__ import annotations
 
 import operator
 from typing import Any, Sequence
 
+import numpy as np
 from jax import lax
 
 from ._validation import positive, positive_ints
 
-__all__ = ['conv_params', 'canonical_perms']
+__all__ = ['conv_params', 'normalise_padding', 'dilated_extent']
 
 _PADDING_STRINGS = ('SAME', 'SAME_LOWER', 'VALID')
 
 
-def _padding(padding, n_spatial: int):
+def dilated_extent(size: int, dilation: int) -> int:
+    """``(size - 1) * dilation + 1``: the span of ``size`` points ``dilation`` apart (a
+    dilated kernel, an input with ``lhs_dilation``, the strided output positions)."""
+    return (size - 1) * dilation + 1
+
+
+def normalise_padding(padding, n_spatial: int, *, shorthand: bool = False,
+                      crop: bool = True):
+    """A padding string or ``n_spatial`` ``(low, high)`` int pairs, checked.
+
+    Args:
+      padding: ``'SAME'``, ``'SAME_LOWER'`` or ``'VALID'`` (any case), or
+        ``n_spatial`` ``(low, high)`` pairs; with ``shorthand`` also an int or
+        ``n_spatial`` ints, each padding both sides of a dimension.
+      n_spatial: the number of spatial dimensions.
+      shorthand: accept the int forms (the layers' surface).
+      crop: accept negative pairs, which crop (``lax``'s surface).
+
+    Returns:
+      The upper-case string, or a tuple of ``n_spatial`` int pairs.
+
+    Raises:
+      ValueError: an unknown string, a wrong number of pairs, or a negative pair
+        without ``crop``.
+      TypeError: anything else.
+    """
+    forms = (f'an int, {n_spatial} ints or {n_spatial} (low, high) int pairs' if shorthand
+             else f'a sequence of {n_spatial} (low, high) int pairs')
     if isinstance(padding, str):
         if padding.upper() not in _PADDING_STRINGS:
-            raise ValueError(f"padding must be one of {_PADDING_STRINGS} or a sequence of "
-                             f"{n_spatial} (low, high) int pairs, got {padding!r}.")
+            raise ValueError(f'padding must be one of {_PADDING_STRINGS} or {forms}, '
+                             f'got {padding!r}.')
         return padding.upper()
+    if shorthand and isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
+        padding = (padding,) * n_spatial
     try:
-        pairs = tuple((operator.index(lo), operator.index(hi)) for lo, hi in padding)
+        pairs = tuple((operator.index(p),) * 2 if shorthand and not isinstance(p, (tuple, list))
+                      else _pair(p) for p in padding)
     except (TypeError, ValueError):
-        raise TypeError(f'padding must be a string or a sequence of {n_spatial} (low, high) '
-                        f'int pairs, got {padding!r}.') from None
+        raise TypeError(f'padding must be a string or {forms}, got {padding!r}.') from None
     if len(pairs) != n_spatial:
         raise ValueError(f'padding must have {n_spatial} (low, high) pairs, got {len(pairs)}.')
+    if not crop and any(min(p) < 0 for p in pairs):
+        raise ValueError(f'padding must give {n_spatial} non-negative (low, high) pairs, '
+                         f'got {padding!r}.')
     return pairs
+
+
+def _pair(p):
+    lo, hi = p
+    return operator.index(lo), operator.index(hi)
 
 
 def _check_spec(name: str, spec: str, required: str, rank: int) -> None:
@@ -66,11 +106,6 @@ def _dimension_numbers(dimension_numbers, rank: int) -> lax.ConvDimensionNumbers
         raise ValueError(f'dimension_numbers {dimension_numbers!r}: lhs, rhs and out specs must '
                          f'name the same spatial characters.')
     return lax.conv_dimension_numbers((1,) * rank, (1,) * rank, (lhs, rhs, out))
-
-
-def canonical_perms(dn: lax.ConvDimensionNumbers):
-    """Permutations taking lhs, rhs and out arrays to ``NC...``, ``OI...``, ``NC...``."""
-    return tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)
 
 
 def conv_params(x_shape: Sequence[int], kernel_shape: Sequence[int], *, strides, padding,
@@ -122,7 +157,7 @@ def conv_params(x_shape: Sequence[int], kernel_shape: Sequence[int], *, strides,
     elif isinstance(precision, list):
         precision = tuple(precision)
     lhs_dilation = positive_ints('lhs_dilation', lhs_dilation, n_spatial, 1)
-    padding = _padding(padding, n_spatial)
+    padding = normalise_padding(padding, n_spatial)
     if isinstance(padding, str) and any(d > 1 for d in lhs_dilation):
         raise ValueError(f'padding {padding!r} is not defined together with lhs_dilation '
                          f'{lhs_dilation}; give explicit (low, high) pairs instead.')

@@ -3,9 +3,8 @@ r"""The dense ETP primitive ``etp_dense_p`` and the ``dense`` wrapper.
 ``y[b, o] = sum_i x[b, i] W[i, o] + beta[o]`` with ``x: (B, in)``,
 ``W: (in, out)``. A dense layer is a convolution with no spatial dimensions
 (input layout ``NC``, kernel ``IO``, output ``NC``), so its ETP rules *are* the
-conv rules at rank 0: the D-RTRL kernel trace is ``(B, out, n, in)`` and the bias
-trace ``(B, out, n)``. Only the
-forward pass is specialised, to a matrix product.
+conv rules at rank 0: the D-RTRL kernel trace is ``(B, out, m, in)`` and the bias
+trace ``(B, out, m, 1)``. Only the forward pass is specialised, to a matrix product.
 """
 from __future__ import annotations
 
@@ -30,10 +29,6 @@ def _dense_impl(x, weight, *bias, has_bias):
     return y + bias[0].astype(y.dtype) if has_bias else y
 
 
-def _trainable_invars(params):
-    return {'weight': 1, 'bias': 2} if params['has_bias'] else {'weight': 1}
-
-
 def _as_conv_rule(conv_rule):
     def rule(*args, has_bias):
         return conv_rule(*args, has_bias=has_bias, **_AS_CONV)
@@ -41,15 +36,16 @@ def _as_conv_rule(conv_rule):
     return rule
 
 
-def _xy_to_dw(x, hidden_dim, weights, *, has_bias):
-    """Weight-shaped VJP ``sum_b hidden_dim[b, o] * dy[b, o]/dtheta``."""
+def _xy_to_dw(x, cotangent, weights, *, has_bias):
+    """Weight-shaped VJP ``sum_b cotangent[b, o] * dy[b, o]/dtheta``."""
     operands = [x, weights['weight']] + ([weights['bias']] if has_bias else [])
-    return weight_vjp(etp_dense_p, operands, hidden_dim, has_bias=has_bias)
+    return weight_vjp(etp_dense_p, operands, cotangent, has_bias=has_bias)
 
 
-etp_dense_p = register_primitive('etp_dense', _dense_impl, batched=True,
-                                 trainable_invars_fn=_trainable_invars, x_invar_index=0,
-                                 linear_in_weights=True)
+# the conv's operand slots: weight 1, bias 2 when has_bias
+etp_dense_p = register_primitive('etp_dense', _dense_impl,
+                                 trainable_invars_fn=etp_conv_p.trainable_invars,
+                                 x_invar_index=0, linear_in_weights=True)
 etp_dense_p.register_etp_rules(
     xy_to_dw=_xy_to_dw,
     **{name: _as_conv_rule(etp_conv_p.rule(name))

@@ -54,29 +54,21 @@ _CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 class ConvLIF(brainstate.nn.Module):
     """Feed-forward convolution into a LIF population (channels first, any rank).
 
-    Parameters
-    ----------
-    in_size : tuple of 2 to 4 ints
+    Args:
+      in_size (tuple of 2 to 4 ints):
         ``(C_in, *spatial)`` of one input sample; ``len(spatial)`` (1 to 3)
         selects ``Conv1d``, ``Conv2d`` or ``Conv3d``.
-    out_channels, kernel_size, stride
-        Of the convolution (``'SAME'`` padding).
-    neuron : callable
-        ``neuron(size) -> LIF-like module`` for the output map ``size =
+      out_channels, kernel_size, stride: Of the convolution (``'SAME'`` padding).
+      neuron (callable): ``neuron(size) -> LIF-like module`` for the output map ``size =
         (out_channels, *out_spatial)``.
 
-    Attributes
-    ----------
-    ff : Conv1d, Conv2d or Conv3d
-        The convolution.
-    neuron : Module
-        The neuron population.
-    out_size : tuple of ints
-        ``(out_channels, *out_spatial)``.
+    Attributes:
+      ff (Conv1d, Conv2d or Conv3d): The convolution.
+      neuron (Module): The neuron population.
+      out_size (tuple of ints): ``(out_channels, *out_spatial)``.
 
-    Notes
-    -----
-    ``update(x)`` maps ``(B, *in_size)`` to spikes ``(B, *out_size)``.
+    Notes:
+      ``update(x)`` maps ``(B, *in_size)`` to spikes ``(B, *out_size)``.
     """
 
     def __init__(self, in_size: Sequence[int], out_channels: int, kernel_size: int, *,
@@ -99,25 +91,16 @@ class RecurrentConvSNN(brainstate.nn.Module):
     Build it with :func:`recurrent_conv_snn` or :func:`standard_benchmark_snn`
     (see the module docstring for the architecture, layout and units).
 
-    Attributes
-    ----------
-    in_shape : tuple of ints
-        ``(C, *spatial)`` of one input step.
-    num_classes : int
-        Number of outputs.
-    tau : float
-        Membrane time constant of every LIF and of the LI readout, ms.
-    blocks : list of ConvLIF or RecurrentConvCell
-        The spiking layers, in order.
-    pools : list of AvgPool
-        Average pooling after each block's neurons (empty without pooling).
-    flatten : Flatten
-        ``(B, C, *spatial) -> (B, C * prod(spatial))``.
-    fc : Linear
-        Dense readout, the flattened output of the last block to ``num_classes``.
-    out : LI or None
-        Leaky readout integrator (``readout='li'``), else None.
-    return_spikes : bool
+    Attributes:
+      in_shape (tuple of ints): ``(C, *spatial)`` of one input step.
+      num_classes (int): Number of outputs.
+      tau (float): Membrane time constant of every LIF and of the LI readout, ms.
+      blocks (list of ConvLIF or RecurrentConvCell): The spiking layers, in order.
+      pools (list of AvgPool): Average pooling after each block's neurons (empty without pooling).
+      flatten (Flatten): ``(B, C, *spatial) -> (B, C * prod(spatial))``.
+      fc (Linear): Dense readout, the flattened output of the last block to ``num_classes``.
+      out (LI or None): Leaky readout integrator (``readout='li'``), else None.
+      return_spikes (bool):
         Whether a step also returns the spikes of every block (see :meth:`update`).
     """
 
@@ -151,15 +134,11 @@ class RecurrentConvSNN(brainstate.nn.Module):
     def update(self, x):
         """One time step.
 
-        Parameters
-        ----------
-        x : array
-            Events of this step, ``(B, *in_shape)`` = ``(B, C, *spatial)``.
+        Args:
+          x (array): Events of this step, ``(B, *in_shape)`` = ``(B, C, *spatial)``.
 
-        Returns
-        -------
-        array or tuple
-            ``(B, num_classes)``: the readout membrane potential (``'li'``)
+        Returns:
+          array or tuple: ``(B, num_classes)``: the readout membrane potential (``'li'``)
             or the dense readout current (``'linear'``). With
             ``return_spikes``, the pair ``(scores, {'blocks.i.neuron': spikes
             (B, *block.out_size)})``, the form
@@ -207,50 +186,41 @@ def recurrent_conv_snn(
 ) -> RecurrentConvSNN:
     """Build a recurrent spiking conv net for event streams of any rank.
 
-    Parameters
-    ----------
-    in_shape : tuple of int, default (2, 16, 16)
+    Args:
+      in_shape (tuple of int, default (2, 16, 16)):
         One input step ``(C, *spatial)``, channels first, with 1 to 3 spatial axes: e.g.
         ``(1, 700)`` for SHD-like audio (1-D convolutions over channels),
         ``(2, H, W)`` for DVS frames.
-    num_classes : int, default 8
-        Number of class scores per step.
-    channels : sequence of int, default (8, 16)
+      num_classes (int, default 8): Number of class scores per step.
+      channels (sequence of int, default (8, 16)):
         Output channels of the spiking blocks. Block 0 keeps the resolution;
         every further block halves it (stride 2, ``'SAME'`` padding).
-    kernel_size : int, default 3
+      kernel_size (int, default 3):
         Extent along every spatial axis of every (feed-forward and recurrent)
         kernel.
-    recurrent : bool, default True
+      recurrent (bool, default True):
         Give blocks 1, 2, ... a recurrent convolution of their own spikes.
-    readout : {'li', 'linear'}, default 'li'
+      readout ({'li', 'linear'}, default 'li'):
         ``'li'``: the scores are the potential of leaky integrators driven by
         the dense readout; ``'linear'``: the dense readout itself.
-    tau : float, default 10.0
-        Membrane time constant of all neurons, ms.
-    pool : int, default 1
-        Average the spikes of every block over non-overlapping windows of
+      tau (float, default 10.0): Membrane time constant of all neurons, ms.
+      pool (int, default 1): Average the spikes of every block over non-overlapping windows of
         ``pool`` positions per spatial axis (1: no pooling). Shrinks long 1-D
         inputs (700 channels) before the next block and the readout.
-    spike_fn : callable, optional
-        Surrogate spike function of the LIF neurons (default: the LIF
+      spike_fn (callable, optional): Surrogate spike function of the LIF neurons (default: the LIF
         default, :class:`~braintrace_conv.nn.surrogate.Sigmoid` ``(4.0)``).
-    return_spikes : bool, default False
+      return_spikes (bool, default False):
         A step returns ``(scores, {'blocks.i.neuron': spikes})`` instead of the
         scores alone (:meth:`RecurrentConvSNN.update`).
 
-    Returns
-    -------
-    RecurrentConvSNN
-        Parameters are drawn from ``brainstate.random`` (seed it for
+    Returns:
+      RecurrentConvSNN: Parameters are drawn from ``brainstate.random`` (seed it for
         reproducibility). Hidden states are created by
         ``brainstate.nn.init_all_states(model, batch_size)`` (the executors do
         this).
 
-    Raises
-    ------
-    ValueError
-        Non-positive sizes, an unknown ``readout``, or a ``pool`` window larger
+    Raises:
+      ValueError: Non-positive sizes, an unknown ``readout``, or a ``pool`` window larger
         than a block's output along some axis.
     """
     in_shape = _in_shape(in_shape)

@@ -12,6 +12,10 @@ from one Python implementation ``impl(*args, **params) -> array``:
   ``impl`` with respect to those operands,
 * batching is ``jax.vmap`` of ``impl``.
 
+An operation that knows a better JVP or transpose passes it to
+:func:`register_primitive` (``jvp=``, ``transpose=``); a transpose override may hand
+the cases it does not treat to :func:`derived_transpose`.
+
 So ``jax.jit``, ``jax.grad``, ``jax.vmap``, ``jax.lax.scan`` and BPTT work
 unchanged. On top of that each primitive holds a read-only table of named
 *ETP rules*, installed with :meth:`ETPPrimitive.register_etp_rules`, which the
@@ -19,28 +23,36 @@ online executors call (see ``docs/theory.md``, "rule contract"). Executors never
 primitive up by identity: any primitive registered here with the same rules
 is handled the same way.
 
-Rule contract (``y`` is the primitive's output, ``n`` the number of values per
+Rule contract (``y`` is the primitive's output, ``m`` the number of values per
 element at which the executors cut the state of the neurons the output feeds —
 its state variables for most neurons, see ``docs/theory.md`` — arrays in the
-primitive's own output layout unless said otherwise):
+primitive's own output layout unless said otherwise; the executors pass the
+arguments by position):
 
 =================  =============================================================
-``yw_to_w``        ``(hidden_dim, trace, **params) -> trace``: apply ``D^t``
-                   (``hidden_dim``: ``(*y.shape, n, n)``) to a D-RTRL trace,
+``yw_to_w``        ``(D, trace, **params) -> trace``: apply the state
+                   Jacobian ``D^t`` (``(*y.shape, m, m)``) to a D-RTRL trace,
                    position by position.
-``xy_to_dw``       ``(x, hidden_dim, weights, **params) -> dw``: the
-                   weight-shaped VJP ``sum_{b,s} hidden_dim * dy/dtheta`` for a
-                   cotangent ``hidden_dim`` of shape ``y.shape``.
-``init_drtrl``     ``(x_aval, y_aval, weight_avals, n_state, **params)``:
-                   zeros of the exact D-RTRL trace.
-``init_pp``        ``(x_aval, y_aval, weight_avals, n_state, **params)``:
-                   zeros of the ES-D-RTRL output trace, ``(*y.shape, n)``.
-``xdf_to_trace``   ``(x, hidden_dim, weights, **params) -> trace``: the
-                   per-position instantaneous term ``Df^t * dy/dtheta`` for
-                   ``hidden_dim = Df^t`` of shape ``(*y.shape, n)``.
-``trace_to_dw``    ``(trace, hidden_dim, weights, **params) -> dw``: contract a
-                   trace with the learning signal ``hidden_dim = g^t``
-                   (``(*y.shape, n)``) into a weight-shaped gradient.
+``xy_to_dw``       ``(x, cotangent, weights, **params) -> dw``: the
+                   weight-shaped VJP ``sum_{b,s} cotangent * dy/dtheta`` for a
+                   ``cotangent`` of shape ``y.shape``.
+``init_drtrl``     ``(x_aval, y_aval, weight_avals, m, **params)``: zeros of
+                   the exact D-RTRL trace.
+``init_pp``        ``(x_aval, y_aval, weight_avals, m, **params)``: zeros of
+                   the ES-D-RTRL output trace, ``(*y.shape, m)``.
+``xdf_to_trace``   ``(x, Df, weights, **params) -> trace``: the per-position
+                   instantaneous term ``Df^t * dy/dtheta`` for ``Df^t`` of
+                   shape ``(*y.shape, m)``.
+``trace_to_dw``    ``(trace, g, weights, **params) -> dw``: contract a trace
+                   with the learning signal ``g^t`` (``(*y.shape, m)``) into a
+                   weight-shaped gradient.
+``fold_pool``      optional, ``(params, window, strides, padding, scale) ->
+                   params or None``: the op's parameters with
+                   ``scale * reduce_window_sum(y)`` (``lax.reduce_window``
+                   arguments in the output layout) folded into the op, or
+                   ``None`` when it cannot absorb that pooling. A pooling that
+                   is the only reader of the op's output is then folded in
+                   before the analysis, so the op reaches its neurons one to one.
 =================  =============================================================
 
 ``weights`` and ``dw`` are dicts keyed like ``trainable_invars_fn(params)``.
@@ -48,6 +60,7 @@ primitive's own output layout unless said otherwise):
 from __future__ import annotations
 
 import types
+import warnings
 from functools import partial
 from typing import Any, Callable, Mapping
 
@@ -56,8 +69,8 @@ import jax.numpy as jnp
 from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
-__all__ = ['ETPPrimitive', 'register_primitive', 'STANDARD_RULES', 'DRTRL_RULES',
-           'ES_DRTRL_RULES', 'weight_vjp', 'apply_state_jacobian']
+__all__ = ['ETPPrimitive', 'register_primitive', 'derived_transpose', 'STANDARD_RULES',
+           'DRTRL_RULES', 'ES_DRTRL_RULES', 'weight_vjp', 'apply_state_jacobian']
 
 #: Rules every ETP primitive is expected to provide (``docs/theory.md``, "rule contract").
 STANDARD_RULES = ('yw_to_w', 'xy_to_dw', 'init_drtrl', 'init_pp')
@@ -74,20 +87,18 @@ class ETPPrimitive(jex_core.Primitive):
 
     Attributes:
       impl_fn: ``impl(*args, **params) -> array``, the forward computation.
-      batched: whether operand ``x_invar_index`` carries a batch axis.
       x_invar_index: position of the input ``x`` among the operands.
       linear_in_weights: ``impl`` is linear in its trainable operands jointly (a
         convolution or matrix product plus bias): gradients with respect to them,
         in BPTT too, come from the ``xy_to_dw`` rule.
     """
 
-    def __init__(self, name: str, impl: Callable, *, batched: bool,
+    def __init__(self, name: str, impl: Callable, *,
                  trainable_invars_fn: Callable[[Mapping[str, Any]], Mapping[str, int]],
                  x_invar_index: int, linear_in_weights: bool = False):
         super().__init__(name)
         self.impl_fn = impl
         self.linear_in_weights = bool(linear_in_weights)
-        self.batched = bool(batched)
         self.x_invar_index = int(x_invar_index)
         self._trainable_invars_fn = trainable_invars_fn
         self._rules: dict[str, Callable] = {}
@@ -152,8 +163,23 @@ def _jvp_rule(prim, primals, tangents, **params):
     return prim.bind(*primals, **params), sum(parts[1:], parts[0])
 
 
-def _transpose_rule(prim, cotangent, *args, **params):
-    # Called only where the primitive is used linearly in the undefined operands.
+def derived_transpose(prim: ETPPrimitive, cotangent, *args, **params) -> list:
+    """The transpose rule :func:`register_primitive` derives for ``prim``.
+
+    Called only where the primitive is used linearly in the undefined operands
+    (``jax.interpreters.ad.UndefinedPrimal``). When those are trainable operands of a
+    primitive declared ``linear_in_weights`` with an ``xy_to_dw`` rule, the rule gives
+    their cotangents; otherwise they are the VJP of ``impl`` in those operands.
+
+    Args:
+      prim: the primitive.
+      cotangent: the cotangent of its output.
+      *args: its operands, undefined where a cotangent is wanted.
+      **params: its parameters.
+
+    Returns:
+      One cotangent per operand, ``None`` for the defined ones.
+    """
     undefined = [ad.is_undefined_primal(a) for a in args]
     slots = prim.trainable_invars(params)
     if prim.linear_in_weights and 'xy_to_dw' in prim.etp_rules \
@@ -181,15 +207,16 @@ def _batch_rule(impl, args, dims, **params):
     return jax.vmap(partial(impl, **params), in_axes=in_axes)(*args), 0
 
 
-def register_primitive(name: str, impl: Callable, *, batched: bool,
+def register_primitive(name: str, impl: Callable, *,
                        trainable_invars_fn: Callable[[Mapping[str, Any]], Mapping[str, int]],
-                       x_invar_index: int, linear_in_weights: bool = False) -> ETPPrimitive:
+                       x_invar_index: int, linear_in_weights: bool = False,
+                       jvp: Callable | None = None, transpose: Callable | None = None,
+                       **removed) -> ETPPrimitive:
     """Create an :class:`ETPPrimitive` whose standard JAX rules derive from ``impl``.
 
     Args:
       name: primitive name, as shown in jaxprs.
       impl: ``impl(*operands, **params) -> array``, a pure JAX function.
-      batched: whether the input operand carries a batch axis.
       trainable_invars_fn: ``params -> {weight_name: operand_index}``, the
         operands the online learners compute gradients for.
       x_invar_index: operand index of the input ``x`` (the value an
@@ -198,17 +225,33 @@ def register_primitive(name: str, impl: Callable, *, batched: bool,
         (for fixed ``x``). The weight tangent is then the primitive applied to the
         weight tangents, and its transpose — every weight gradient, BPTT's included
         — is the ``xy_to_dw`` rule, so a fast rule speeds up all executors.
+      jvp: ``jvp(primals, tangents, **params) -> (primal_out, tangent_out)`` in place
+        of the derived JVP rule (tangents may be ``jax.interpreters.ad.Zero``).
+      transpose: ``transpose(cotangent, *operands, **params) -> cotangents`` in place
+        of the derived transpose rule; it may return :func:`derived_transpose` for the
+        cases it does not handle itself.
 
     Returns:
       The primitive. Add its ETP rules with ``register_etp_rules``.
+
+    Raises:
+      TypeError: for an unknown keyword argument. The former ``batched`` argument,
+        which nothing read, is accepted with a ``DeprecationWarning``.
     """
-    prim = ETPPrimitive(name, impl, batched=batched, trainable_invars_fn=trainable_invars_fn,
+    if removed.pop('batched', None) is not None:
+        warnings.warn('register_primitive no longer takes batched (nothing read it); drop the '
+                      'argument.', DeprecationWarning, stacklevel=2)
+    if removed:
+        raise TypeError(f'register_primitive() got unexpected keyword arguments '
+                        f'{sorted(removed)}.')
+    prim = ETPPrimitive(name, impl, trainable_invars_fn=trainable_invars_fn,
                         x_invar_index=x_invar_index, linear_in_weights=linear_in_weights)
     prim.def_impl(impl)
     prim.def_abstract_eval(partial(_abstract_eval, impl))
     mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
-    ad.primitive_jvps[prim] = partial(_jvp_rule, prim)
-    ad.primitive_transposes[prim] = partial(_transpose_rule, prim)
+    ad.primitive_jvps[prim] = jvp if jvp is not None else partial(_jvp_rule, prim)
+    ad.primitive_transposes[prim] = (transpose if transpose is not None
+                                     else partial(derived_transpose, prim))
     batching.primitive_batchers[prim] = partial(_batch_rule, impl)
     return prim
 
@@ -233,10 +276,10 @@ def weight_vjp(prim: ETPPrimitive, operands, cotangent, **params) -> dict:
 
 
 def apply_state_jacobian(jacobian, trace):
-    """``out[..., m] = sum_k jacobian[..., m, k] * trace[..., k]``.
+    """``out[..., i] = sum_j jacobian[..., i, j] * trace[..., j]``.
 
-    Applies the per-element ``n x n`` state Jacobian ``D^t`` to an
-    output-shaped trace whose last axis runs over the ``n`` state variables.
+    Applies the per-element ``m x m`` state Jacobian ``D^t`` to an
+    output-shaped trace whose last axis runs over the ``m`` cut values.
     """
     if jacobian.shape[-1] == 1:
         return jacobian[..., 0] * trace

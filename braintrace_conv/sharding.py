@@ -36,15 +36,12 @@ BATCH_AXIS_NAME = "batch"
 def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A one-axis mesh over ``devices`` for splitting the batch.
 
-    Parameters
-    ----------
-    devices : sequence of jax.Device, optional
+    Args:
+      devices (sequence of jax.Device, optional):
         Devices to use, in order; default all of ``jax.devices()``.
 
-    Returns
-    -------
-    jax.sharding.Mesh
-        Mesh with the single axis :data:`BATCH_AXIS_NAME` of size
+    Returns:
+      jax.sharding.Mesh: Mesh with the single axis :data:`BATCH_AXIS_NAME` of size
         ``len(devices)``.
     """
     devices = list(jax.devices() if devices is None else devices)
@@ -56,28 +53,20 @@ def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
 def shard_batch(tree, mesh: Mesh, *, batch_axis: int = 1):
     """Place every array of ``tree`` with its batch axis split over ``mesh``.
 
-    Parameters
-    ----------
-    tree : pytree of arrays
-        Arrays with a batch axis at ``batch_axis``: time-major sequences
+    Args:
+      tree (pytree of arrays): Arrays with a batch axis at ``batch_axis``: time-major sequences
         ``(T, B, ...)`` (the default ``batch_axis=1``), or per-sample arrays
         such as labels ``(B,)`` with ``batch_axis=0``.
-    mesh : jax.sharding.Mesh
-        A mesh from :func:`data_mesh` (axis :data:`BATCH_AXIS_NAME`).
-    batch_axis : int, optional
-        Position of the batch axis ``B`` in every array.
+      mesh (jax.sharding.Mesh): A mesh from :func:`data_mesh` (axis :data:`BATCH_AXIS_NAME`).
+      batch_axis (int, optional): Position of the batch axis ``B`` in every array.
 
-    Returns
-    -------
-    pytree of jax.Array
-        The same arrays, each sharded with ``NamedSharding(mesh,
-        PartitionSpec(None, ..., 'batch'))``: device ``i`` holds samples
-        ``i * B / n`` to ``(i + 1) * B / n - 1`` of ``n`` devices.
+    Returns:
+      pytree of jax.Array: The same arrays, each sharded with
+        ``NamedSharding(mesh, PartitionSpec(None, ..., 'batch'))``, so that device ``i``
+        holds samples ``i * B / n`` to ``(i + 1) * B / n - 1`` of ``n`` devices.
 
-    Raises
-    ------
-    ValueError
-        ``mesh`` has no :data:`BATCH_AXIS_NAME` axis, an array has no axis
+    Raises:
+      ValueError: ``mesh`` has no :data:`BATCH_AXIS_NAME` axis, an array has no axis
         ``batch_axis``, or ``B`` is not divisible by the number of devices.
     """
     if BATCH_AXIS_NAME not in mesh.shape:

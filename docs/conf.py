@@ -17,7 +17,7 @@ extensions = [
     'myst_nb',                      # Markdown pages and the notebooks (with stored outputs)
     'sphinx.ext.autodoc',
     'sphinx.ext.autosummary',
-    'sphinx.ext.napoleon',          # the library mixes NumPy and Google docstring sections
+    'sphinx.ext.napoleon',          # Google sections (and the NumPy ones some modules still use)
     'sphinx.ext.mathjax',
     'apimodule',
 ]
@@ -44,6 +44,7 @@ napoleon_use_rtype = False
 apimodule_order = [
     'braintrace_conv',
     'braintrace_conv.executors',
+    'braintrace_conv.extend',
     'braintrace_conv.training',
     'braintrace_conv.training.loss',
     'braintrace_conv.nn',
@@ -53,7 +54,6 @@ apimodule_order = [
     'braintrace_conv.data.encoders',
     'braintrace_conv.models',
     'braintrace_conv.primitive',
-    'braintrace_conv.lift',
     'braintrace_conv.plot',
     'braintrace_conv.sharding',
     'braintrace_conv.cli',

@@ -743,7 +743,7 @@ def test_rule_table_is_complete():
     assert etp_conv_p.missing_rules(STANDARD_RULES + DRTRL_RULES + ES_DRTRL_RULES) == []
     assert etp_conv_p.trainable_invars({'has_bias': True}) == {'weight': 1, 'bias': 2}
     assert etp_conv_p.trainable_invars({'has_bias': False}) == {'weight': 1}
-    assert etp_conv_p.x_invar_index == 0 and etp_conv_p.batched
+    assert etp_conv_p.x_invar_index == 0
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])

@@ -8,7 +8,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 import braintrace_conv as bc
-from braintrace_conv.executors.positions import acts_elementwise, propagate
+from braintrace_conv.executors._analysis.positions import acts_elementwise, propagate
 from snn_reference import xent
 
 
@@ -46,7 +46,7 @@ def _positions_kept(fn, x):
     """Whether the position analysis carries every element of ``fn(x)`` from ``x``'s own."""
     jaxpr = jax.make_jaxpr(fn)(x).jaxpr
     ident = np.arange(x.size).reshape(x.shape)
-    reach = propagate(jaxpr, {jaxpr.invars[0]: ident}, {}, set())
+    reach = propagate(jaxpr, {jaxpr.invars[0]: ident}, {})
     return reach.mixing is None and np.array_equal(reach.index[jaxpr.outvars[0]], ident)
 
 
@@ -99,7 +99,7 @@ def test_an_undeclared_primitive_is_refused_naming_it_and_the_declaration(prim):
 
 
 def test_a_declared_primitive_is_accepted(monkeypatch):
-    from braintrace_conv.executors import positions
+    from braintrace_conv.executors._analysis import positions
     monkeypatch.setattr(positions, '_ELEMENTWISE', set(positions._ELEMENTWISE))
     bc.register_elementwise(no_definition.name)
     exact = _grads(no_definition, bc.D_RTRL)

@@ -171,7 +171,7 @@ def test_state_jacobian_is_evaluated_a_step_early_only_when_it_reads_only_the_st
         model_class, early):
     # dz/dh_prev of ConvTanh depends on h alone, so each step evaluates the next step's;
     # InputGated's also reads the input, so it stays in its own step. Exact either way.
-    from braintrace_conv.executors.signals import jacobian_reads_only_state
+    from braintrace_conv.executors._analysis.signals import jacobian_reads_only_state
     x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
     model = model_class(x_shape, k_shape, kw, ch)
     xs, targets = _conv_data(x_shape)
@@ -501,7 +501,7 @@ def test_parameter_broadcast_into_the_dynamics_gets_an_exact_trace_and_is_report
 
 
 def test_user_registered_primitive_with_the_same_rules_is_used_unchanged():
-    my_conv = register_primitive('user_conv', etp_conv_p.impl_fn, batched=True,
+    my_conv = register_primitive('user_conv', etp_conv_p.impl_fn,
                                  trainable_invars_fn=etp_conv_p.trainable_invars,
                                  x_invar_index=0)
     my_conv.register_etp_rules(**etp_conv_p.etp_rules)

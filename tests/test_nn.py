@@ -414,6 +414,20 @@ def test_conv_and_linear_argument_errors():
         bnn.Conv2d(2, 4, 5, padding='VALID').output_spatial_shape((3, 3))
     with pytest.raises(ValueError, match='out_features'):
         bnn.Linear(3, -1)
+
+
+def test_layer_padding_forms():
+    # the conv normaliser with the layers' int shorthands and no cropping
+    assert bnn.Conv2d(2, 4, 3, padding=1).padding == ((1, 1), (1, 1))
+    assert bnn.Conv2d(2, 4, 3, padding=(1, (0, 2))).padding == ((1, 1), (0, 2))
+    assert bnn.Conv2d(2, 4, 3, padding='same_lower').padding == 'SAME_LOWER'
+    assert bnn.AvgPool2d(2, padding='same').padding == 'SAME'
+    with pytest.raises(ValueError, match='non-negative'):
+        bnn.Conv2d(2, 4, 3, padding=-1)
+    with pytest.raises(TypeError, match=r'an int, 2 ints or 2 \(low, high\) int pairs'):
+        bnn.Conv2d(2, 4, 3, padding=1.5)
+    with pytest.raises(ValueError, match='must have 2'):
+        bnn.Conv2d(2, 4, 3, padding=(1, 1, 1))
     with pytest.raises(ValueError, match='input features'):
         bnn.Linear(3, 2)(jnp.ones((1, 4)))
 

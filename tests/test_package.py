@@ -31,3 +31,23 @@ def test_the_float64_switch_takes_a_bool():
     import braintrace_conv as bc
     with pytest.raises(TypeError, match='use_float64 takes True or False'):
         bc.use_float64('yes')
+
+
+def test_every_extension_point_is_in_extend():
+    import braintrace_conv as bc
+    from braintrace_conv import extend
+    assert extend.register_primitive is bc.register_primitive
+    assert extend.register_elementwise is bc.register_elementwise
+    assert extend.OnlineLearner is bc.executors.OnlineLearner
+    for name in extend.__all__:
+        assert getattr(extend, name) is not None
+
+
+def test_the_old_register_lift_path_warns_and_still_works():
+    import pytest
+    from braintrace_conv import extend
+    with pytest.warns(DeprecationWarning, match='braintrace_conv.extend.register_lift'):
+        from braintrace_conv.lift import register_lift
+    assert register_lift is extend.register_lift
+    with pytest.raises(ImportError):
+        from braintrace_conv.lift import no_such_name  # noqa: F401

@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.interpreters import ad
 
 from braintrace_conv import ETPPrimitive, register_primitive
-from braintrace_conv.primitive import apply_state_jacobian, weight_vjp
+from braintrace_conv.primitive import apply_state_jacobian, derived_transpose, weight_vjp
 
 TOL = dict(rtol=1e-12, atol=1e-12)
 
@@ -25,7 +26,7 @@ def _scaled_mul(x, w, *, scale):
     return scale * x * w
 
 
-toy_p = register_primitive('toy_scaled_mul', _scaled_mul, batched=True,
+toy_p = register_primitive('toy_scaled_mul', _scaled_mul,
                            trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0)
 
 
@@ -47,7 +48,7 @@ def close(a, b, tol=TOL):
 def test_primitive_attributes():
     assert isinstance(toy_p, ETPPrimitive)
     assert toy_p.name == 'toy_scaled_mul'
-    assert toy_p.batched is True and toy_p.x_invar_index == 0
+    assert toy_p.x_invar_index == 0
     assert toy_p.impl_fn is _scaled_mul
     assert toy_p.trainable_invars({'scale': 1.0}) == {'weight': 1}
 
@@ -158,7 +159,7 @@ def test_scan_forward_and_grad():
 
 # =========================================================================== ETP rule table
 def fresh_primitive(name='toy_rules'):
-    return register_primitive(name, _scaled_mul, batched=False,
+    return register_primitive(name, _scaled_mul,
                               trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0)
 
 
@@ -227,3 +228,35 @@ def test_weight_vjp_matches_jax_vjp():
     dw = weight_vjp(toy_p, [x, w], ct, scale=2.0)
     _, vjp = jax.vjp(lambda w: toy(x, w), w)
     close(dw['weight'], vjp(ct)[0])
+
+
+def test_the_removed_batched_argument_warns_and_unknown_arguments_are_refused():
+    with pytest.warns(DeprecationWarning, match='no longer takes batched'):
+        register_primitive('toy_batched', _scaled_mul, batched=True,
+                           trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['batch'\]"):
+        register_primitive('toy_typo', _scaled_mul, batch=True,
+                           trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0)
+
+
+def test_jvp_and_transpose_overrides_replace_the_derived_rules():
+    calls = []
+
+    def jvp(primals, tangents, *, scale):
+        calls.append('jvp')
+        x, w = primals
+        x_dot, w_dot = (ad.instantiate_zeros(t) for t in tangents)
+        return prim.bind(x, w, scale=scale), prim.bind(x_dot, w, scale=scale) \
+            + prim.bind(x, w_dot, scale=scale)
+
+    def transpose(cotangent, x, w, *, scale):
+        calls.append('transpose')
+        return derived_transpose(prim, cotangent, x, w, scale=scale)
+
+    prim = register_primitive('toy_overridden', _scaled_mul,
+                              trainable_invars_fn=lambda params: {'weight': 1}, x_invar_index=0,
+                              jvp=jvp, transpose=transpose)
+    x, w = data()
+    grad = jax.grad(lambda w: jnp.sum(prim.bind(x, w, scale=2.0) ** 2))(w)
+    close(grad, jax.grad(lambda w: jnp.sum(_scaled_mul(x, w, scale=2.0) ** 2))(w))
+    assert calls == ['jvp', 'transpose']

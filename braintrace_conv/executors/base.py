@@ -36,12 +36,12 @@ import numpy as np
 from jax import lax
 
 from ..primitive import apply_state_jacobian
-from .graph import StepGraph, analyse
+from ._analysis.graph import StepGraph, analyse
+from ._analysis.signals import (StepSignals, init_release, jacobian_reads_only_state,
+                                scalar_loss, state_jacobian, step_signals)
+from ._analysis.step import StepJaxpr, capture_step
 from .report import (APPROX_READOUT, EXACT_OUTPUT_PARAM, EXACT_READOUT, MIXING_PARAM, UNUSED,
                      Report)
-from .signals import (StepSignals, init_release, jacobian_reads_only_state, state_jacobian,
-                      step_signals)
-from .trace import TracedStep, trace_step
 
 __all__ = ['Learner', 'OnlineLearner', 'Report']
 
@@ -78,24 +78,17 @@ def _signature(step_inputs, model):
             tuple((np.shape(a), jnp.result_type(a)) for a in states))
 
 
-def sequence_loss(step: TracedStep, loss_fn, params, hidden, xs, targets, return_outputs):
+def sequence_loss(step: StepJaxpr, loss_fn, params, hidden, xs, targets, return_outputs):
     """``(sum_t loss_fn(output_t, target_t), (final hidden, outputs or None))``: the model step
     scanned over ``xs`` from ``hidden`` (flat leaves), differentiable in every argument."""
     def body(h, inp):
         x, target = inp
         new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
         out = jax.tree.unflatten(step.out_tree, out)
-        return new_h, (_scalar_loss(loss_fn, out, target), out if return_outputs else None)
+        return new_h, (scalar_loss(loss_fn, out, target), out if return_outputs else None)
 
     h_final, (losses, outs) = lax.scan(body, hidden, (xs, targets))
     return jnp.sum(losses), (h_final, outs)
-
-
-def _scalar_loss(loss_fn, output, target):
-    loss = loss_fn(output, target)
-    if jnp.shape(loss) != ():
-        raise ValueError(f'loss_fn must return a scalar, got shape {jnp.shape(loss)}.')
-    return loss
 
 
 def _window_value(window):
@@ -121,11 +114,11 @@ class Learner(abc.ABC):
         if not isinstance(model, brainstate.nn.Module):
             raise TypeError(f'model must be a brainstate.nn.Module, got {type(model).__name__}.')
         self.model = model
-        self._graphs: dict = {}
+        self._steps: dict = {}      # input signature -> (step, what _prepare made of it)
         self._compiled: dict = {}
         self._carry = None          # (hidden leaves, algorithm state) between advance() calls
         self._batch = None          # the batch size hidden states were initialised for
-        self._last = None           # the graph (or traced step) of the last call
+        self._last = None           # (step, prepared) of the last call
         self._checked_losses: set = set()
 
     # ------------------------------------------------------------------ public API
@@ -149,9 +142,9 @@ class Learner(abc.ABC):
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
             self._batch = batch
-        step, graph = self._graph(xs)
+        step, prepared = self._capture(xs)
         hidden = step.hidden_leaves()
-        return self._call(step, graph, loss_fn, hidden, self._init_state(graph, hidden), xs,
+        return self._call(step, prepared, loss_fn, hidden, self._init_state(prepared, hidden), xs,
                           targets, return_outputs)
 
     def reset(self, batch_size: int) -> None:
@@ -175,11 +168,11 @@ class Learner(abc.ABC):
                              f'started for {self._batch} sequences; call reset({batch}) to start '
                              f'a new run with this batch size.')
         xs = self._inputs(xs)
-        step, graph = self._graph(xs)
+        step, prepared = self._capture(xs)
         if self._carry is None:
             hidden = step.hidden_leaves()
-            self._carry = (hidden, self._init_state(graph, hidden))
-        return self._call(step, graph, loss_fn, *self._carry, xs, targets, return_outputs)
+            self._carry = (hidden, self._init_state(prepared, hidden))
+        return self._call(step, prepared, loss_fn, *self._carry, xs, targets, return_outputs)
 
     def predict(self, xs, *, reset: bool = True, observe: Callable | None = None):
         """Forward pass only.
@@ -202,7 +195,7 @@ class Learner(abc.ABC):
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
             self._batch = batch
-        step, _ = self._graph(xs)
+        step, _ = self._capture(xs)
         key = ('predict', observe, _signature(jax.tree.map(lambda a: a[0], xs), self.model))
         if key not in self._compiled:
             def run(params, hidden, xs):
@@ -224,10 +217,10 @@ class Learner(abc.ABC):
         memory figures."""
         (_, batch), xs = _check_sequences(xs, targets), self._inputs(xs)
         brainstate.nn.init_all_states(self.model, batch)
-        step, graph = self._graph(xs)
+        step, prepared = self._capture(xs)
         hidden = step.hidden_leaves()
-        return self._jitted(graph, loss_fn, False).lower(
-            step.param_leaves(), hidden, self._init_state(graph, hidden), xs, targets)
+        return self._jitted(prepared, loss_fn, False).lower(
+            step.param_leaves(), hidden, self._init_state(prepared, hidden), xs, targets)
 
     def report(self) -> Report:
         """How each parameter's gradient is computed and the trace memory, for the
@@ -252,33 +245,32 @@ class Learner(abc.ABC):
                           and jnp.result_type(a) != dtype else a)
         return jax.tree.map(cast, xs)
 
-    def _graph(self, xs):
+    def _capture(self, xs):
         x0 = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), xs)
         key = _signature(x0, self.model)
-        if key not in self._graphs:
-            step = trace_step(self.model, x0)
-            self._graphs[key] = (step, self._prepare(step))
-        self._last = self._graphs[key]
+        if key not in self._steps:
+            step = capture_step(self.model, x0)
+            self._steps[key] = (step, self._prepare(step))
+        self._last = self._steps[key]
         return self._last
 
-    def _prepare(self, step: TracedStep):
-        """What the algorithm needs from a traced step (BPTT: the step itself)."""
+    def _prepare(self, step: StepJaxpr):
+        """What the algorithm needs from a captured step (BPTT: the step itself)."""
         return step
 
-    def _jitted(self, graph, loss_fn, return_outputs):
-        key = (id(graph), loss_fn, return_outputs)
+    def _jitted(self, prepared, loss_fn, return_outputs):
+        key = (id(prepared), loss_fn, return_outputs)
         if key not in self._compiled:
             self._compiled[key] = jax.jit(
-                lambda p, h, s, xs, ts: self._sequence(graph, loss_fn, p, h, s, xs, ts,
+                lambda p, h, s, xs, ts: self._sequence(prepared, loss_fn, p, h, s, xs, ts,
                                                        return_outputs))
         return self._compiled[key]
 
-    def _check_loss(self, step: TracedStep, loss_fn: Callable, targets) -> None:
+    def _check_loss(self, step: StepJaxpr, loss_fn: Callable, targets) -> None:
         """Evaluate ``loss_fn`` on one step's abstract output and target, so that targets
         that do not fit the outputs (e.g. another batch size) are an error naming both."""
         shapes = lambda tree: jax.tree.map(lambda a: (tuple(a.shape), str(a.dtype)), tree)
-        outs = [jax.ShapeDtypeStruct(a.shape, a.dtype)
-                for a in step.closed_jaxpr.out_avals[step.n_hidden:]]
+        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in step.output_vars]
         out = jax.tree.unflatten(step.out_tree, outs)
         target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:],
                                                              jnp.result_type(a)), targets)
@@ -293,34 +285,37 @@ class Learner(abc.ABC):
                              f'time first, e.g. labels (T, B)): {err}') from err
         self._checked_losses.add(key)
 
-    def _call(self, step, graph, loss_fn, hidden, state, xs, targets, return_outputs):
+    def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs):
         self._check_loss(step, loss_fn, targets)
-        loss, grads, hidden, state, outs = self._jitted(graph, loss_fn, return_outputs)(
+        loss, grads, hidden, state, outs = self._jitted(prepared, loss_fn, return_outputs)(
             step.param_leaves(), hidden, state, xs, targets)
         step.write_hidden(hidden)
         self._carry = (hidden, state)
         grads = step.grads_tree(grads)
         return (loss, grads, outs) if return_outputs else (loss, grads)
 
-    def _init_state(self, graph, hidden):
+    def _init_state(self, prepared, hidden):
         return ()
 
     @abc.abstractmethod
-    def _sequence(self, graph, loss_fn, params, hidden, state, xs, targets, return_outputs):
+    def _sequence(self, prepared, loss_fn, params, hidden, state, xs, targets, return_outputs):
         """``(loss, param-leaf grads, hidden, state, outputs or None)`` for one sequence."""
 
     @abc.abstractmethod
-    def _report(self, step: TracedStep, prepared) -> Report:
+    def _report(self, step: StepJaxpr, prepared) -> Report:
         ...
 
 
 class OnlineLearner(Learner):
-    """Shared scan of D-RTRL and ES-D-RTRL.
+    """Shared scan of D-RTRL and ES-D-RTRL, and the base class of a new online executor.
 
-    Per step: :func:`~.signals.step_signals`, the algorithm's update of the op
-    traces (``_advance_ops``) and their contraction with the learning signal
-    (``_contract``), and the exact traces of parameters inside the dynamics
-    (:class:`~.graph.DynamicParam`), which both algorithms share::
+    Per step, the analysis of the model step gives its signals (``D``, ``Df``, the
+    learning signal ``g``, ... of ``docs/theory.md``). A subclass says how its per-op
+    traces start (``_init_traces``), advance (``_advance_ops``) and contract with a
+    learning signal into weight gradients (``_contract``), how :meth:`report`
+    describes them (``_trace_method``, ``_op_trace_bytes``), and which ETP rules it
+    calls (``required_rules``, checked for every op). The exact traces of parameters
+    inside the dynamics, which both algorithms share, are kept here::
 
         E_phi^t = D^t E_phi^{t-1} + (dz^t/dh^{t-1}) R_phi^{t-1} + G_phi^t
         dphi   += sum_i g^t[i] (E_phi^t[i] - G_phi^t[i])  (+ the within-step gradient)
@@ -384,7 +379,7 @@ class OnlineLearner(Learner):
 
     def _init_state(self, graph, hidden):
         dtype = self.dtype(graph)
-        hidden_dtype = jnp.result_type(*[graph.step.closed_jaxpr.jaxpr.invars[l].aval.dtype
+        hidden_dtype = jnp.result_type(*[graph.step.hidden_vars[l].aval.dtype
                                          for grp in graph.groups for l in grp.leaves]
                                        or [float])
         dyn = [jnp.zeros((*graph.groups[dp.group].shape, graph.groups[dp.group].m), dtype)
@@ -394,7 +389,8 @@ class OnlineLearner(Learner):
 
     def _early_jacobian(self, graph) -> bool:
         """Whether the state Jacobian of each step is evaluated at the end of the step
-        before (:func:`~.signals.jacobian_reads_only_state`); decided once per graph."""
+        before (``jacobian_reads_only_state`` of the step analysis); decided once per
+        graph."""
         if id(graph) not in self._early:
             self._early[id(graph)] = jacobian_reads_only_state(graph)
         return self._early[id(graph)]
@@ -408,12 +404,12 @@ class OnlineLearner(Learner):
             graph, hidden, params, weights, [zeros_like(a[0]) for a in jax.tree.leaves(xs)],
             {k: zeros_like(op.y_aval) for k, op in enumerate(graph.ops)})
 
-    def _step(self, graph, params, weights, carry, x, target, loss_fn, ys=None):
+    def _step(self, graph, params, weights, carry, x, target, loss_fn, op_outputs=None):
         """One step: ``(signals, new carry)`` with the carry ``((h, A), state)``."""
         (h, a), st = carry
         sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
                            st['release'], A=a, next_jacobian=self._early_jacobian(graph),
-                           ys=ys)
+                           op_outputs=op_outputs)
         st = dict(ops=self._advance_ops(graph, st['ops'], sig, weights), release=sig.release,
                   dyn=self._dynamic_traces(graph, st['dyn'], sig))
         return sig, ((sig.new_hidden, sig.A_next), st)
@@ -478,16 +474,16 @@ class OnlineLearner(Learner):
                     x, target = inp
                     new_h, out, rec = graph.run(h, p, jax.tree.leaves(x))
                     out = jax.tree.unflatten(step.out_tree, out)
-                    return new_h, (_scalar_loss(loss_fn, out, target),
+                    return new_h, (scalar_loss(loss_fn, out, target),
                                    out if return_outputs else None,
-                                   jax.tree.map(lax.stop_gradient, rec['ys']))
+                                   jax.tree.map(lax.stop_gradient, rec['op_outputs']))
 
-                _, (losses, outs, ys) = lax.scan(body, h, (xb, tb))
-                return jnp.sum(losses), (outs, ys)
+                _, (losses, outs, op_outputs) = lax.scan(body, h, (xb, tb))
+                return jnp.sum(losses), (outs, op_outputs)
 
             # the ops' outputs of the block's forward pass serve the trace updates too
-            loss, vjp, (outs, ys) = jax.vjp(block_loss, params, [hidden[l] for l in traced],
-                                            has_aux=True)
+            loss, vjp, (outs, op_outputs) = jax.vjp(
+                block_loss, params, [hidden[l] for l in traced], has_aux=True)
             g_params, g_hidden = vjp(jnp.ones_like(loss))
             dw, d_dyn = self._boundary(graph, state, dict(zip(traced, g_hidden)), weights)
             acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, g_params)]
@@ -497,8 +493,8 @@ class OnlineLearner(Learner):
             first_a = self._first_jacobian(graph, hidden, params, weights, xb)
             ((hidden, _), state), _ = lax.scan(
                 lambda c, inp: (self._step(graph, params, weights, c, inp[0], None, _no_loss,
-                                           ys=inp[1])[1], None),
-                ((hidden, first_a), state), (xb, ys))
+                                           op_outputs=inp[1])[1], None),
+                ((hidden, first_a), state), (xb, op_outputs))
             return (hidden, state, acc_p, acc_w, acc_dyn,
                     loss_sum + loss.astype(loss_sum.dtype)), outs
 
@@ -548,8 +544,8 @@ class OnlineLearner(Learner):
         parameter gradients (``{leaf: acc}``) added, dynamic-parameter ones contracted."""
         (grads,) = pull_back(jax.tree.map(lambda a, w: a.astype(w.dtype), acc_w, weights))
         grads = list(grads)
-        for k, g in acc_p.items():
-            grads[k] = grads[k] + g.astype(grads[k].dtype)
+        for leaf, acc in acc_p.items():
+            grads[leaf] = grads[leaf] + acc.astype(grads[leaf].dtype)
         for dp, acc in zip(graph.dynamic_params, acc_dyn):
             grads[dp.leaf] = grads[dp.leaf] + jnp.reshape(
                 dp.contract(acc), grads[dp.leaf].shape).astype(grads[dp.leaf].dtype)
@@ -589,6 +585,16 @@ class OnlineLearner(Learner):
         op, dtype = graph.ops[k], self.dtype(graph)
         return graph.y_layout(op, sig.D[op.group], 2).astype(dtype), sig.Df[k].astype(dtype)
 
+    def op_trace_zeros(self, graph: StepGraph, k: int, rule: str):
+        """Grouped op ``k``'s ``rule`` (``'init_drtrl'`` or ``'init_pp'``): zeros of its
+        traces for its shapes in the trace dtype and its group's cut size ``m``."""
+        op, dtype = graph.ops[k], self.dtype(graph)
+        as_dtype = lambda a: jax.ShapeDtypeStruct(a.shape, dtype)
+        return op.primitive.rule(rule)(
+            as_dtype(op.x_aval), as_dtype(op.y_aval),
+            {name: as_dtype(a) for name, a in op.weight_avals.items()},
+            graph.groups[op.group].m, **op.params)
+
     def op_weights(self, graph: StepGraph, k: int, weights):
         """Op ``k``'s weight operands in the trace dtype (its rules then compute in it)."""
         return jax.tree.map(lambda w: w.astype(self.dtype(graph)), weights[k])
@@ -596,51 +602,55 @@ class OnlineLearner(Learner):
     def readout_dw(self, graph: StepGraph, k: int, sig: StepSignals, weights):
         """The within-step gradient of readout ``k``: ``xy_to_dw(x, dL/dy)``."""
         op, dtype = graph.ops[k], self.dtype(graph)
-        return op.primitive.rule('xy_to_dw')(sig.xs[k].astype(dtype), sig.gamma[k].astype(dtype),
+        return op.primitive.rule('xy_to_dw')(sig.op_inputs[k].astype(dtype),
+                                             sig.gamma[k].astype(dtype),
                                              self.op_weights(graph, k, weights), **op.params)
 
     def _report(self, step, graph) -> Report:
         state = jax.eval_shape(lambda: self._init_state(graph, None))
         nbytes = lambda a: math.prod(a.shape) * a.dtype.itemsize
-        methods = {p: [] for p in range(step.n_params)}
-        bytes_of = {p: 0 for p in range(step.n_params)}
+        methods = {leaf: [] for leaf in range(step.n_params)}
+        bytes_of = {leaf: 0 for leaf in range(step.n_params)}
         op_bytes = self._op_trace_bytes(graph, state['ops'])
         for k, op in enumerate(graph.ops):
-            for slot, leaves in op.slot_params.items():
+            for slot, slot_leaves in op.slot_params.items():
                 if op.group is not None:
-                    m = self._trace_method(graph, k, slot)
+                    method = self._trace_method(graph, k, slot)
                     grp = graph.groups[op.group]
-                    if grp.feeds and m.startswith('exact'):
-                        m = f'exact within its layer, truncated across layers ({_across(grp, op.group)})'
+                    if grp.feeds and method.startswith('exact'):
+                        method = (f'exact within its layer, truncated across layers '
+                                  f'({_across(grp, op.group)})')
                     elif grp.feeds:
-                        m = f'{m}; truncated across layers ({_across(grp, op.group)})'
+                        method = f'{method}; truncated across layers ({_across(grp, op.group)})'
                 else:
-                    m = EXACT_READOUT if op.exact_readout else APPROX_READOUT
-                for p in leaves:
-                    methods[p].append(f'{m} via {op.primitive.name} #{k}')
-                    bytes_of[p] += op_bytes.get(k, {}).get(slot, 0) // len(leaves)
+                    method = EXACT_READOUT if op.exact_readout else APPROX_READOUT
+                for leaf in slot_leaves:
+                    methods[leaf].append(f'{method} via {op.primitive.name} #{k}')
+                    bytes_of[leaf] += op_bytes.get(k, {}).get(slot, 0) // len(slot_leaves)
         traced = set()
         for dp, trace in zip(graph.dynamic_params, state['dyn']):
             grp = graph.groups[dp.group]
-            m = ('exact trace (elementwise in the dynamics of '
-                 f'{"/".join(grp.names)}, summed over positions)')
+            method = ('exact trace (elementwise in the dynamics of '
+                      f'{"/".join(grp.names)}, summed over positions)')
             if grp.feeds:
-                m = (f'exact within its layer, truncated across layers ({_across(grp, dp.group)}): '
-                     f'elementwise in the dynamics of {"/".join(grp.names)}')
-            methods[dp.leaf].append(m)
+                method = (f'exact within its layer, truncated across layers '
+                          f'({_across(grp, dp.group)}): elementwise in the dynamics of '
+                          f'{"/".join(grp.names)}')
+            methods[dp.leaf].append(method)
             bytes_of[dp.leaf] += nbytes(trace)
             traced.add(dp.leaf)
-        for p, kind in graph.direct_params.items():
-            if p not in traced:
-                methods[p].append(EXACT_OUTPUT_PARAM if kind == 'output' else MIXING_PARAM)
+        for leaf, kind in graph.direct_params.items():
+            if leaf not in traced:
+                methods[leaf].append(EXACT_OUTPUT_PARAM if kind == 'output' else MIXING_PARAM)
         if self.window is not None:   # what is not exact already is exact within a window
-            methods = {p: [m if m.startswith('exact (instantaneous') else
-                           f'exact within windows of {self.window} steps; across windows: {m}'
-                           for m in ms] for p, ms in methods.items()}
-        leaves = step.param_leaves()
-        rows = [dict(parameter=step.param_names[p], shape=tuple(np.shape(leaves[p])),
-                     method='; '.join(methods[p]) or UNUSED, trace_bytes=bytes_of[p])
-                for p in range(step.n_params)]
+            methods = {leaf: [method if method.startswith('exact (instantaneous') else
+                              f'exact within windows of {self.window} steps; across windows: '
+                              f'{method}' for method in listed]
+                       for leaf, listed in methods.items()}
+        values = step.param_leaves()
+        rows = [dict(parameter=step.param_names[leaf], shape=tuple(np.shape(values[leaf])),
+                     method='; '.join(methods[leaf]) or UNUSED, trace_bytes=bytes_of[leaf])
+                for leaf in range(step.n_params)]
         return Report(self.algorithm, rows)
 
     @abc.abstractmethod

@@ -2,7 +2,7 @@
 
 Same interface as the online executors. Memory grows linearly with the
 sequence length (the scan stores every step's residuals). With
-:meth:`~braintrace_conv.executors.base.Learner.advance` it is truncated BPTT:
+:meth:`~braintrace_conv.executors.Learner.advance` it is truncated BPTT:
 gradients do not flow across chunk boundaries.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 r"""D-RTRL: exact eligibility traces for diagonal dynamics (``docs/theory.md``).
 
-Each hidden group's state is cut where its ops enter (``z``, see
-:mod:`.graph`); for every ETP op feeding a group, per step::
+Each hidden group's state is cut where its ops enter (``z``, see ``docs/theory.md``);
+for every ETP op feeding a group, per step::
 
     E^t  = yw_to_w(D^t, E^{t-1}) + xdf_to_trace(x^t, Df^t)
     dW  += trace_to_dw(E^t, g^t)
@@ -40,19 +40,15 @@ class D_RTRL(OnlineLearner):
         model (mixed precision).
       window: ``None`` (traces only) or a number of steps ``k``: exact BPTT inside
         windows of ``k`` steps, these traces across windows (see
-        :class:`~braintrace_conv.executors.base.OnlineLearner`); ``k >= T`` is BPTT.
+        :class:`~braintrace_conv.executors.OnlineLearner`); ``k >= T`` is BPTT.
     """
 
     algorithm = 'D-RTRL'
     required_rules = DRTRL_RULES
 
     def _init_traces(self, graph, hidden):
-        dtype = self.dtype(graph)
-        as_dtype = lambda a: jax.ShapeDtypeStruct(a.shape, dtype)
-        return {k: op.primitive.rule('init_drtrl')(
-            as_dtype(op.x_aval), as_dtype(op.y_aval),
-            {n: as_dtype(a) for n, a in op.weight_avals.items()}, graph.groups[op.group].m,
-            **op.params) for k, op in enumerate(graph.ops) if op.group is not None}
+        return {k: self.op_trace_zeros(graph, k, 'init_drtrl')
+                for k, op in enumerate(graph.ops) if op.group is not None}
 
     def _advance_ops(self, graph, traces, sig, weights):
         new = {}
@@ -62,7 +58,7 @@ class D_RTRL(OnlineLearner):
             d, df = self.signals_in_y_layout(graph, k, sig)
             rule, w = op.primitive.rule, self.op_weights(graph, k, weights)
             new[k] = jax.tree.map(jnp.add, rule('yw_to_w')(d, traces[k], **op.params),
-                                  rule('xdf_to_trace')(sig.xs[k], df, w, **op.params))
+                                  rule('xdf_to_trace')(sig.op_inputs[k], df, w, **op.params))
         return new
 
     def _contract(self, graph, k, traces, g, weights):

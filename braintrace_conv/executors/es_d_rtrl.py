@@ -32,8 +32,8 @@ import numpy as np
 
 from ..primitive import ES_DRTRL_RULES, apply_state_jacobian
 from .base import OnlineLearner
-from .jaxpr import depends_on, is_literal
-from .signals import init_release, step_signals
+from ._analysis.jaxpr import depends_on, is_literal
+from ._analysis.signals import init_release, step_signals
 
 __all__ = ['ES_D_RTRL']
 
@@ -65,7 +65,7 @@ class ES_D_RTRL(OnlineLearner):
         model (mixed precision).
       window: ``None`` (traces only) or a number of steps ``k``: exact BPTT inside
         windows of ``k`` steps, these traces across windows (see
-        :class:`~braintrace_conv.executors.base.OnlineLearner`); ``k >= T`` is BPTT.
+        :class:`~braintrace_conv.executors.OnlineLearner`); ``k >= T`` is BPTT.
     """
 
     algorithm = 'ES-D-RTRL'
@@ -90,9 +90,7 @@ class ES_D_RTRL(OnlineLearner):
     def _infer(graph, grouped):
         step = graph.step
         params = step.param_leaves()
-        first_input = step.n_hidden + step.n_params
-        inputs = [jnp.zeros(v.aval.shape, v.aval.dtype)
-                  for v in step.closed_jaxpr.jaxpr.invars[first_input:]]
+        inputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in step.input_vars]
         no_loss = lambda out, target: jnp.zeros(())
 
         def two_steps(hidden):
@@ -138,12 +136,8 @@ class ES_D_RTRL(OnlineLearner):
     def _init_traces(self, graph, hidden):
         slots, readers = self._input_slots(graph)
         dtype = self.dtype(graph)
-        as_dtype = lambda a: jax.ShapeDtypeStruct(a.shape, dtype)
         x_traces = [jnp.zeros(graph.ops[k].x_aval.shape, dtype) for k in readers]
-        out_traces = {k: graph.ops[k].primitive.rule('init_pp')(
-            as_dtype(graph.ops[k].x_aval), as_dtype(graph.ops[k].y_aval),
-            {n: as_dtype(a) for n, a in graph.ops[k].weight_avals.items()},
-            graph.groups[graph.ops[k].group].m, **graph.ops[k].params) for k in slots}
+        out_traces = {k: self.op_trace_zeros(graph, k, 'init_pp') for k in slots}
         norms = [jnp.zeros((), dtype) for _ in readers]
         return dict(x=x_traces, f=out_traces, norm=norms)
 
@@ -152,7 +146,7 @@ class ES_D_RTRL(OnlineLearner):
         decays = self.decays(graph)
         alphas = [decays[k] for k in readers]
         norms = [a * z + 1.0 for a, z in zip(alphas, state['norm'])]
-        x_traces = [a * trace + sig.xs[k].astype(trace.dtype)
+        x_traces = [a * trace + sig.op_inputs[k].astype(trace.dtype)
                     for a, trace, k in zip(alphas, state['x'], readers)]
         out_traces = {}
         for k in slots:

@@ -39,7 +39,6 @@ only 0.04-0.07 and 0.02-0.04 in the first two layers.
 from __future__ import annotations
 
 import math
-import operator
 from typing import Callable, Optional, Sequence, Union
 
 import brainstate
@@ -49,8 +48,9 @@ import numpy as np
 import saiunit as u
 from jax import lax
 
-from ..conv import conv
 from .._validation import positive, positive_ints
+from ..conv import conv
+from ..conv_args import dilated_extent, normalise_padding
 from ..dense import dense
 
 __all__ = [
@@ -72,20 +72,17 @@ class FanInNormal:
     is the fan-in of a ``(in_features, out_features)`` matrix and of a
     channels-last kernel ``(*kernel_size, C_in / groups, C_out)``.
 
-    Parameters
-    ----------
-    scale : float
-        Variance times fan-in (``2.0`` is the Kaiming/He scale).
-    unit : saiunit.Unit, optional
+    Args:
+      scale (float): Variance times fan-in (``2.0`` is the Kaiming/He scale).
+      unit (saiunit.Unit, optional):
         Unit attached to the weights (e.g. ``u.mV`` for weights that drive a
         neuron whose voltage is in mV); default unitless.
 
-    Notes
-    -----
-    ``init(shape)`` draws on the host with a NumPy generator seeded by a key
-    split off ``brainstate.random`` (so ``brainstate.random.seed`` makes the
-    weights reproducible), which avoids compiling a sampler for every new
-    weight shape. It must therefore be called eagerly, not under ``jit``.
+    Notes:
+      ``init(shape)`` draws on the host with a NumPy generator seeded by a key
+      split off ``brainstate.random`` (so ``brainstate.random.seed`` makes the
+      weights reproducible), which avoids compiling a sampler for every new
+      weight shape. It must therefore be called eagerly, not under ``jit``.
     """
 
     def __init__(self, scale: float, unit: Optional[u.Unit] = None):
@@ -111,27 +108,8 @@ DEFAULT_W_INIT = FanInNormal(4.0)
 
 
 # --------------------------------------------------------------------------- argument checks
-def _padding(value, n: int):
-    """``'SAME'``/``'VALID'``, an int, ``n`` ints, or ``n`` (low, high) pairs -> str or pairs."""
-    if isinstance(value, str):
-        if value.upper() not in ('SAME', 'VALID'):
-            raise ValueError(f"padding must be 'SAME', 'VALID', an int, {n} ints or {n} "
-                             f"(low, high) pairs, got {value!r}.")
-        return value.upper()
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (value,) * n
-    try:
-        pairs = tuple((operator.index(p),) * 2 if not isinstance(p, (tuple, list))
-                      else tuple(operator.index(q) for q in p) for p in value)
-    except TypeError:
-        raise TypeError(f"padding must be 'SAME', 'VALID', an int, {n} ints or {n} "
-                        f"(low, high) pairs, got {value!r}.") from None
-    if len(pairs) != n or any(len(p) != 2 or min(p) < 0 for p in pairs):
-        raise ValueError(f'padding must give {n} non-negative (low, high) pairs, got {value!r}.')
-    return pairs
-
-
-def _layout(value) -> str:
+def checked_layout(value) -> str:
+    """``value`` if it is one of the two layouts (module docstring); raises otherwise."""
     if value not in _LAYOUTS:
         raise ValueError(f'layout must be one of {_LAYOUTS}, got {value!r}.')
     return value
@@ -206,13 +184,13 @@ class _ConvNd(brainstate.nn.Module):
         self.out_channels = positive('out_channels', out_channels)
         self.kernel_size = positive_ints('kernel_size', kernel_size, n)
         self.stride = positive_ints('stride', stride, n)
-        self.padding = _padding(padding, n)
+        self.padding = normalise_padding(padding, n, shorthand=True, crop=False)
         self.dilation = positive_ints('dilation', dilation, n)
         self.groups = positive('groups', groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(f'groups ({groups}) must divide in_channels ({in_channels}) and '
                              f'out_channels ({out_channels}).')
-        self.layout = _layout(layout)
+        self.layout = checked_layout(layout)
         spatial = _SPATIAL[n]
         if layout == 'channels_last':
             self.dimension_numbers = ('N' + spatial + 'C', spatial + 'IO', 'N' + spatial + 'C')
@@ -227,7 +205,7 @@ class _ConvNd(brainstate.nn.Module):
     def output_spatial_shape(self, in_spatial: Sequence[int]) -> tuple:
         """Spatial output shape for spatial input shape ``in_spatial`` (``num_spatial_dims`` ints)."""
         in_spatial = positive_ints('in_spatial', in_spatial, self.num_spatial_dims)
-        dilated = tuple((k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation))
+        dilated = tuple(map(dilated_extent, self.kernel_size, self.dilation))
         pads = (lax.padtype_to_pads(in_spatial, dilated, self.stride, self.padding)
                 if isinstance(self.padding, str) else self.padding)
         out = tuple((n + lo + hi - k) // s + 1
@@ -252,56 +230,42 @@ class _ConvNd(brainstate.nn.Module):
 
 _CONV_DOC = r"""{n}-D convolution layer (trainable kernel and bias via the ETP ``conv``).
 
-    Parameters
-    ----------
-    in_channels, out_channels : int
-        Channel counts; both must be divisible by ``groups``.
-    kernel_size : int or tuple of {n} ints
-        Spatial kernel extent.
-    stride : int or tuple of {n} ints, default 1
-        Window strides.
-    padding : {{'SAME', 'VALID'}}, int, tuple of {n} ints or of {n} (low, high) pairs, default 'SAME'
-        Zero padding; an int pads both sides of every spatial dimension.
-    dilation : int or tuple of {n} ints, default 1
-        Kernel (``rhs``) dilation.
-    groups : int, default 1
-        Feature groups (``feature_group_count``).
-    bias : bool, default True
-        Whether to add a trainable per-output-channel bias.
-    layout : {{'channels_last', 'channels_first'}}, default 'channels_last'
+    Args:
+      in_channels, out_channels (int): Channel counts; both must be divisible by ``groups``.
+      kernel_size (int or tuple of {n} ints): Spatial kernel extent.
+      stride (int or tuple of {n} ints, default 1): Window strides.
+      padding (str, int or tuple, default 'SAME'): Zero padding: ``'SAME'``,
+        ``'SAME_LOWER'``, ``'VALID'``, an int (both sides of every spatial dimension),
+        {n} ints or {n} non-negative (low, high) pairs.
+      dilation (int or tuple of {n} ints, default 1): Kernel (``rhs``) dilation.
+      groups (int, default 1): Feature groups (``feature_group_count``).
+      bias (bool, default True): Whether to add a trainable per-output-channel bias.
+      layout ({{'channels_last', 'channels_first'}}, default 'channels_last'):
         ``channels_last``: input/output ``{cl}``, kernel ``{cl_k}``;
         ``channels_first``: input/output ``{cf}``, kernel ``{cf_k}``.
-    w_init : callable or array, default :data:`DEFAULT_W_INIT`
+      w_init (callable or array, default :data:`DEFAULT_W_INIT`):
         A callable is called with the channels-last kernel shape
         ``(*kernel_size, in_channels // groups, out_channels)`` (so fan-in based
         initialisers see the right axes) and transposed for ``channels_first``;
         an array must have the kernel shape of the layout.
-    b_init : callable or array, optional
+      b_init (callable or array, optional):
         Bias initialiser (shape ``(out_channels,)``); default zeros in the unit of
         the weight.
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Attributes
-    ----------
-    weight : brainstate.ParamState
-        Kernel in the layout's kernel format.
-    bias : brainstate.ParamState or None
-        Shape ``(out_channels,)``.
+    Attributes:
+      weight (brainstate.ParamState): Kernel in the layout's kernel format.
+      bias (brainstate.ParamState or None): Shape ``(out_channels,)``.
 
-    Notes
-    -----
-    ``update(x)`` takes ``x`` of shape ``{cl}`` / ``{cf}`` or one sample without
-    the batch axis; the output unit is ``unit(x) * unit(weight)``.
+    Notes:
+      ``update(x)`` takes ``x`` of shape ``{cl}`` / ``{cf}`` or one sample without
+      the batch axis; the output unit is ``unit(x) * unit(weight)``.
 
-    Raises
-    ------
-    ValueError
-        Wrong ``kernel_size``/``stride``/``dilation``/``padding`` length or sign,
+    Raises:
+      ValueError: Wrong ``kernel_size``/``stride``/``dilation``/``padding`` length or sign,
         ``groups`` not dividing the channels, unknown ``layout``, an initial
         array of the wrong shape, or an input with the wrong rank or channel count.
-    TypeError
-        Non-integer sizes.
+      TypeError: Non-integer sizes.
     """
 
 
@@ -326,39 +290,32 @@ class Conv3d(_ConvNd):
     num_spatial_dims = 3
 
 
-_CONV_BY_RANK = {1: Conv1d, 2: Conv2d, 3: Conv3d}
+#: The convolution layer of each number of spatial dimensions.
+CONV_BY_RANK = {1: Conv1d, 2: Conv2d, 3: Conv3d}
 
 
 # --------------------------------------------------------------------------- dense
 class Linear(brainstate.nn.Module):
     r"""Fully connected layer ``y = x @ weight + bias`` via the ETP ``dense``.
 
-    Parameters
-    ----------
-    in_features, out_features : int
-        Input and output sizes.
-    bias : bool, default True
-        Whether to add a trainable bias.
-    w_init : callable or array, default :data:`DEFAULT_W_INIT`
+    Args:
+      in_features, out_features (int): Input and output sizes.
+      bias (bool, default True): Whether to add a trainable bias.
+      w_init (callable or array, default :data:`DEFAULT_W_INIT`):
         Called with ``(in_features, out_features)``, or an array of that shape.
-    b_init : callable or array, optional
+      b_init (callable or array, optional):
         Bias initialiser (shape ``(out_features,)``); default zeros in the unit
         of the weight.
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Attributes
-    ----------
-    weight : brainstate.ParamState
-        Shape ``(in_features, out_features)``.
-    bias : brainstate.ParamState or None
-        Shape ``(out_features,)``.
+    Attributes:
+      weight (brainstate.ParamState): Shape ``(in_features, out_features)``.
+      bias (brainstate.ParamState or None): Shape ``(out_features,)``.
 
-    Notes
-    -----
-    ``update(x)``: ``x`` of shape ``(batch, in_features)`` or ``(in_features,)``
-    gives ``(batch, out_features)`` or ``(out_features,)``, with unit
-    ``unit(x) * unit(weight)``.
+    Notes:
+      ``update(x)``: ``x`` of shape ``(batch, in_features)`` or ``(in_features,)``
+      gives ``(batch, out_features)`` or ``(out_features,)``, with unit
+      ``unit(x) * unit(weight)``.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -388,19 +345,15 @@ class Linear(brainstate.nn.Module):
 class Flatten(brainstate.nn.Module):
     r"""Flatten the axes from ``start_axis`` on into one (no parameters).
 
-    Parameters
-    ----------
-    start_axis : int, default 1
-        First axis to flatten. The default keeps a leading batch axis:
+    Args:
+      start_axis (int, default 1): First axis to flatten. The default keeps a leading batch axis:
         ``(N, *dims) -> (N, prod(dims))``. Use a negative value counted from the
         end (e.g. ``-3`` for ``(..., H, W, C)``) for models that also run on
         single samples without the batch axis (e.g. under ``vmap``).
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Notes
-    -----
-    Units are preserved.
+    Notes:
+      Units are preserved.
     """
 
     def __init__(self, start_axis: int = 1, name: Optional[str] = None):
@@ -430,23 +383,19 @@ class AvgPool(brainstate.nn.Module):
     neuron it drives (the online executors expect elementwise maps there);
     place it after a neuron, before the next convolution.
 
-    Parameters
-    ----------
-    kernel_size : tuple of int
-        Window extent per spatial dimension.
-    stride : int or tuple of int, optional
+    Args:
+      kernel_size (tuple of int): Window extent per spatial dimension.
+      stride (int or tuple of int, optional):
         Window strides; default ``kernel_size`` (non-overlapping windows).
-    padding : {'SAME', 'VALID'}, int, tuple of ints or of (low, high) pairs, default 'VALID'
-        Spatial zero padding.
-    layout : {'channels_last', 'channels_first'}, default 'channels_last'
+      padding (str, int or tuple, default 'VALID'): Spatial zero padding, in the forms
+        :class:`Conv2d` takes.
+      layout ({'channels_last', 'channels_first'}, default 'channels_last'):
         Input ``(N, *spatial, C)`` or ``(N, C, *spatial)``; the batch axis may
         be absent.
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Notes
-    -----
-    Units are preserved.
+    Notes:
+      Units are preserved.
     """
     num_spatial_dims: Optional[int] = None
 
@@ -462,8 +411,8 @@ class AvgPool(brainstate.nn.Module):
             n = len(kernel_size)
         self.kernel_size = positive_ints('kernel_size', kernel_size, n)
         self.stride = self.kernel_size if stride is None else positive_ints('stride', stride, n)
-        self.padding = _padding(padding, n)
-        self.layout = _layout(layout)
+        self.padding = normalise_padding(padding, n, shorthand=True, crop=False)
+        self.layout = checked_layout(layout)
 
     def update(self, x):
         """Average-pool ``x`` over its spatial axes."""

@@ -120,19 +120,15 @@ def _decay(tau) -> jax.Array:
 class Neuron(brainstate.nn.Module):
     r"""Base class of the neurons: size handling, hidden-state creation, input checks.
 
-    Parameters
-    ----------
-    in_size : int or tuple of int
+    Args:
+      in_size (int or tuple of int):
         Shape of one sample of the population, e.g. ``N`` or ``(H, W, C)``.
         Hidden states have shape ``(batch_size, *in_size)``, or ``in_size``
         when created without a batch size.
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Attributes
-    ----------
-    TRAINABLE : tuple of str
-        Names of the constants that ``trainable=`` may turn into parameters.
+    Attributes:
+      TRAINABLE (tuple of str): Names of the constants that ``trainable=`` may turn into parameters.
     """
 
     TRAINABLE: tuple = ()
@@ -202,56 +198,47 @@ class LIF(Neuron):
         V_t &= V_{rest} + (\tilde V - V_{rest})\, e^{-dt/\tau} + x_t \\
         s_t &= f\big((V_t - V_{th}) / (V_{th} - V_{reset})\big)
 
-    Parameters
-    ----------
-    in_size : int or tuple of int
-        Shape of one sample, e.g. ``N`` or ``(H, W, C)``.
-    tau : float or Quantity, default 10.0
+    Args:
+      in_size (int or tuple of int): Shape of one sample, e.g. ``N`` or ``(H, W, C)``.
+      tau (float or Quantity, default 10.0):
         Membrane time constant; a plain number is in ms, else a time quantity.
         May be an array broadcastable to ``in_size``.
-    V_th : float or Quantity, default 1.0
+      V_th (float or Quantity, default 1.0):
         Firing threshold; its unit is the neuron's voltage unit.
-    V_reset : float or Quantity, default 0.0
+      V_reset (float or Quantity, default 0.0):
         Potential after a spike with ``reset='zero'``; with ``'subtract'``, a
         spike lowers ``V`` by ``V_th - V_reset``. Must be below ``V_th``.
-    V_rest : float or Quantity, default 0.0
+      V_rest (float or Quantity, default 0.0):
         Resting potential: the leak target and the initial value of ``V``.
-    spike_fn : callable, default ``Sigmoid(4.0)``
+      spike_fn (callable, default ``Sigmoid(4.0)``):
         Elementwise spike function with surrogate gradient applied to the
         dimensionless ``(V - threshold) / (V_th - V_reset)``; see
         :mod:`braintrace_conv.nn.surrogate`.
-    reset : {'subtract', 'zero'}, default 'subtract'
+      reset ({'subtract', 'zero'}, default 'subtract'):
         Reset by subtraction (soft) or to ``V_reset`` (hard).
-    detach_reset : bool, default False
+      detach_reset (bool, default False):
         If true, no gradient flows through the spike that drives the reset.
-    trainable : str or sequence of str, default ()
+      trainable (str or sequence of str, default ()):
         Constants among ``('tau', 'V_th')`` to learn (module docstring,
         "Trainable constants"); e.g. ``trainable='tau'`` is a PLIF neuron.
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Attributes
-    ----------
-    V : brainstate.HiddenState
-        Membrane potential before reset, shape ``(batch, *in_size)`` or
+    Attributes:
+      V (brainstate.HiddenState): Membrane potential before reset, shape ``(batch, *in_size)`` or
         ``in_size``, in the voltage unit. Created by :meth:`init_state`.
-    tau, V_th : Quantity, array or brainstate.ParamState
+      tau, V_th (Quantity, array or brainstate.ParamState):
         The constants; a ``ParamState`` when named in ``trainable``.
 
-    Raises
-    ------
-    ValueError
-        Unknown ``reset``, non-positive ``tau``, ``V_th <= V_reset``, bad ``in_size``.
-    saiunit.DimensionMismatchError
-        ``tau`` not a time, or voltages with different dimensions.
+    Raises:
+      ValueError: Unknown ``reset``, non-positive ``tau``, ``V_th <= V_reset``, bad ``in_size``.
+      saiunit.DimensionMismatchError: ``tau`` not a time, or voltages with different dimensions.
 
-    Examples
-    --------
-    >>> import brainstate, jax.numpy as jnp, saiunit as u
-    >>> lif = LIF(4, tau=10 * u.ms, V_th=1 * u.mV)
-    >>> lif.init_state(batch_size=2)
-    >>> with brainstate.environ.context(dt=1 * u.ms):
-    ...     s = lif(jnp.full((2, 4), 1.5) * u.mV)   # spikes, shape (2, 4), unitless
+    Examples:
+      >>> import brainstate, jax.numpy as jnp, saiunit as u
+      >>> lif = LIF(4, tau=10 * u.ms, V_th=1 * u.mV)
+      >>> lif.init_state(batch_size=2)
+      >>> with brainstate.environ.context(dt=1 * u.ms):
+      ...     s = lif(jnp.full((2, 4), 1.5) * u.mV)   # spikes, shape (2, 4), unitless
     """
 
     TRAINABLE = ('tau', 'V_th')
@@ -305,10 +292,8 @@ class LIF(Neuron):
     def spike(self) -> jax.Array:
         """Spike of the stored state, ``f((V - threshold) / (V_th - V_reset))``.
 
-        Returns
-        -------
-        jax.Array
-            Unitless ``0.``/``1.`` array with the shape of ``V``.
+        Returns:
+          jax.Array: Unitless ``0.``/``1.`` array with the shape of ``V``.
         """
         return self._spike_of(self.V.value, self.threshold())
 
@@ -334,16 +319,12 @@ class LIF(Neuron):
     def update(self, x) -> jax.Array:
         """Advance one step of length ``dt``.
 
-        Parameters
-        ----------
-        x : array_like or Quantity
-            Voltage increment of this step, in the unit of ``V``; shape
+        Args:
+          x (array_like or Quantity): Voltage increment of this step, in the unit of ``V``; shape
             broadcastable to the state shape ``(batch, *in_size)``.
 
-        Returns
-        -------
-        jax.Array
-            Spikes of the new state, unitless, shape of ``V``.
+        Returns:
+          jax.Array: Spikes of the new state, unitless, shape of ``V``.
         """
         return self._step(x)
 
@@ -366,27 +347,22 @@ class ALIF(LIF):
     :math:`s_{t-1}`: subtracting :math:`(\theta_{t-1} - V_{reset})\, s_{t-1}`
     ('subtract') or moving to ``V_reset`` ('zero').
 
-    Parameters
-    ----------
-    in_size, tau, V_th, V_reset, V_rest, spike_fn, reset, name
-        As in :class:`LIF`.
-    trainable : str or sequence of str, default ()
+    Args:
+      in_size, tau, V_th, V_reset, V_rest, spike_fn, reset, name: As in :class:`LIF`.
+      trainable (str or sequence of str, default ()):
         Constants among ``('tau', 'tau_a', 'V_th', 'beta')`` to learn.
-    detach_reset : bool, default False
+      detach_reset (bool, default False):
         If true, no gradient flows through the spike that drives the reset and
         the adaptation increment.
-    tau_a : float or Quantity, default 100.0
+      tau_a (float or Quantity, default 100.0):
         Adaptation time constant (same kind as ``tau``: plain ms or time).
-    beta : float or Quantity, optional
+      beta (float or Quantity, optional):
         Threshold increase per unit of ``a``, in the voltage unit. Default
         ``0.05 * (V_th - V_reset)``.
 
-    Attributes
-    ----------
-    V : brainstate.HiddenState
-        Membrane potential before reset, in the voltage unit.
-    a : brainstate.HiddenState
-        Adaptation variable (unitless, +1 per spike), same shape as ``V``.
+    Attributes:
+      V (brainstate.HiddenState): Membrane potential before reset, in the voltage unit.
+      a (brainstate.HiddenState): Adaptation variable (unitless, +1 per spike), same shape as ``V``.
     """
 
     TRAINABLE = ('tau', 'tau_a', 'V_th', 'beta')
@@ -457,17 +433,12 @@ class IF(LIF):
     ``V_rest`` is only the initial value of ``V``. No time constant, so ``dt``
     is not read.
 
-    Parameters
-    ----------
-    in_size, V_th, V_reset, V_rest, spike_fn, reset, detach_reset, name
-        As in :class:`LIF`.
-    trainable : str or sequence of str, default ()
-        ``'V_th'`` to learn the threshold.
+    Args:
+      in_size, V_th, V_reset, V_rest, spike_fn, reset, detach_reset, name: As in :class:`LIF`.
+      trainable (str or sequence of str, default ()): ``'V_th'`` to learn the threshold.
 
-    Attributes
-    ----------
-    V : brainstate.HiddenState
-        Membrane potential before reset, in the voltage unit.
+    Attributes:
+      V (brainstate.HiddenState): Membrane potential before reset, in the voltage unit.
     """
 
     TRAINABLE = ('V_th',)
@@ -512,20 +483,16 @@ class CubaLIF(LIF):
     following steps with a difference of two exponentials (the "synaptic"
     neuron of the literature).
 
-    Parameters
-    ----------
-    in_size, tau, V_th, V_reset, V_rest, spike_fn, reset, detach_reset, name
-        As in :class:`LIF`.
-    tau_syn : float or Quantity, default 5.0
+    Args:
+      in_size, tau, V_th, V_reset, V_rest, spike_fn, reset, detach_reset, name: As in :class:`LIF`.
+      tau_syn (float or Quantity, default 5.0):
         Synaptic time constant (same kind as ``tau``: plain ms or a time).
-    trainable : str or sequence of str, default ()
+      trainable (str or sequence of str, default ()):
         Constants among ``('tau', 'tau_syn', 'V_th')`` to learn.
 
-    Attributes
-    ----------
-    V : brainstate.HiddenState
-        Membrane potential before reset, in the voltage unit.
-    I : brainstate.HiddenState
+    Attributes:
+      V (brainstate.HiddenState): Membrane potential before reset, in the voltage unit.
+      I (brainstate.HiddenState):
         Synaptic drive, in the voltage unit, same shape as ``V``; starts at 0.
     """
 
@@ -579,22 +546,18 @@ class LI(Neuron):
 
     and the step returns :math:`V_t`.
 
-    Parameters
-    ----------
-    in_size : int or tuple of int
-        Shape of one sample, e.g. the number of classes.
-    tau : float or Quantity, default 10.0
+    Args:
+      in_size (int or tuple of int): Shape of one sample, e.g. the number of classes.
+      tau (float or Quantity, default 10.0):
         Time constant; a plain number is in ms, else a time quantity.
-    V_rest : float or Quantity, default 0.0
+      V_rest (float or Quantity, default 0.0):
         Resting and initial value; its unit is the unit of ``V`` and of the input.
-    trainable : str or sequence of str, default ()
+      trainable (str or sequence of str, default ()):
         ``'tau'`` to learn the time constant (see the module docstring).
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Attributes
-    ----------
-    V : brainstate.HiddenState
+    Attributes:
+      V (brainstate.HiddenState):
         Shape ``(batch, *in_size)`` or ``in_size``, in the unit of ``V_rest``.
     """
 

@@ -24,7 +24,7 @@ import jax
 import saiunit as u
 
 from .._validation import positive_ints
-from .layers import DEFAULT_W_INIT, FanInNormal, _CONV_BY_RANK, _layout
+from .layers import CONV_BY_RANK, DEFAULT_W_INIT, FanInNormal, checked_layout
 from .neurons import LIF
 
 __all__ = ['DEFAULT_REC_W_INIT', 'RecurrentConvCell']
@@ -36,66 +36,50 @@ DEFAULT_REC_W_INIT = FanInNormal(0.5)
 class RecurrentConvCell(brainstate.nn.Module):
     r"""Recurrent spiking convolution: feed-forward conv + recurrent conv -> neuron.
 
-    Parameters
-    ----------
-    in_size : tuple of int
-        Shape of one input sample without the batch axis, in the layer's
+    Args:
+      in_size (tuple of int): Shape of one input sample without the batch axis, in the layer's
         layout: ``(*spatial, C_in)`` for ``channels_last``, ``(C_in, *spatial)``
         for ``channels_first``. Its length minus one sets the rank (1, 2 or 3).
-    out_channels : int
-        Number of output channels (feature maps of the neuron population).
-    kernel_size : int or tuple of int
-        Feed-forward kernel size.
-    rec_kernel_size : int or tuple of int, default 3
+      out_channels (int): Number of output channels (feature maps of the neuron population).
+      kernel_size (int or tuple of int): Feed-forward kernel size.
+      rec_kernel_size (int or tuple of int, default 3):
         Recurrent kernel size; the recurrent convolution uses stride 1 and
         ``'SAME'`` padding so it maps the output map onto itself.
-    stride, padding, dilation, groups, bias
-        Of the feed-forward convolution, as in
+      stride, padding, dilation, groups, bias: Of the feed-forward convolution, as in
         :class:`~braintrace_conv.nn.layers.Conv2d`. The recurrent convolution
         has no bias.
-    layout : {'channels_last', 'channels_first'}, default 'channels_last'
+      layout ({'channels_last', 'channels_first'}, default 'channels_last'):
         Layout of inputs, outputs and kernels of both convolutions.
-    w_init : callable or array, default :data:`~braintrace_conv.nn.layers.DEFAULT_W_INIT`
+      w_init (callable or array, default :data:`~braintrace_conv.nn.layers.DEFAULT_W_INIT`):
         Feed-forward kernel initialiser.
-    rec_w_init : callable or array, default :data:`DEFAULT_REC_W_INIT`
+      rec_w_init (callable or array, default :data:`DEFAULT_REC_W_INIT`):
         Recurrent kernel initialiser (called with the channels-last shape
         ``(*rec_kernel_size, out_channels, out_channels)``).
-    neuron : callable, optional
-        ``neuron(size) -> module`` building the neuron population for the
+      neuron (callable, optional): ``neuron(size) -> module`` building the neuron population for the
         output map of shape ``size`` (``(*out_spatial, out_channels)`` or
         ``(out_channels, *out_spatial)``), e.g. ``functools.partial(ALIF,
         tau=20.)``. The module must have ``spike()`` (the spike of its stored
         state) and ``update(current)``. Default: :class:`~braintrace_conv.nn.neurons.LIF`
         with default parameters.
-    name : str, optional
-        Module name.
+      name (str, optional): Module name.
 
-    Attributes
-    ----------
-    ff : Conv1d, Conv2d or Conv3d
-        Feed-forward convolution.
-    rec : Conv1d, Conv2d or Conv3d
-        Recurrent convolution (``out_channels -> out_channels``).
-    neuron : Module
-        The neuron population; its hidden states are created by
+    Attributes:
+      ff (Conv1d, Conv2d or Conv3d): Feed-forward convolution.
+      rec (Conv1d, Conv2d or Conv3d): Recurrent convolution (``out_channels -> out_channels``).
+      neuron (Module): The neuron population; its hidden states are created by
         ``brainstate.nn.init_all_states(cell, batch_size)``.
-    out_size : tuple of int
-        Shape of one output sample (the neuron's ``in_size``).
+      out_size (tuple of int): Shape of one output sample (the neuron's ``in_size``).
 
-    Notes
-    -----
-    ``update(x)`` takes ``x`` of shape ``(N, *in_size)`` (or ``in_size`` for
-    states created without a batch size) and returns the spikes, shape
-    ``(N, *out_size)``. Units: ``unit(x) * unit(w_ff)`` and ``unit(w_rec)`` must
-    both be the neuron's voltage unit.
+    Notes:
+      ``update(x)`` takes ``x`` of shape ``(N, *in_size)`` (or ``in_size`` for
+      states created without a batch size) and returns the spikes, shape
+      ``(N, *out_size)``. Units: ``unit(x) * unit(w_ff)`` and ``unit(w_rec)`` must
+      both be the neuron's voltage unit.
 
-    Raises
-    ------
-    ValueError
-        Bad ``in_size`` (rank not 1-3 or non-positive entries) or any invalid
+    Raises:
+      ValueError: Bad ``in_size`` (rank not 1-3 or non-positive entries) or any invalid
         convolution argument.
-    TypeError
-        ``neuron`` does not build a module with ``spike`` and ``update``.
+      TypeError: ``neuron`` does not build a module with ``spike`` and ``update``.
     """
 
     def __init__(
@@ -118,12 +102,12 @@ class RecurrentConvCell(brainstate.nn.Module):
     ):
         super().__init__(name=name)
         in_size = tuple(in_size) if isinstance(in_size, (tuple, list)) else (in_size,)
-        if len(in_size) - 1 not in _CONV_BY_RANK:
+        if len(in_size) - 1 not in CONV_BY_RANK:
             raise ValueError(f'in_size must be (*spatial, channels) or (channels, *spatial) with '
                              f'1 to 3 spatial dims, got {in_size!r}.')
         in_size = positive_ints('in_size', in_size, len(in_size))
-        layout = _layout(layout)
-        conv_cls = _CONV_BY_RANK[len(in_size) - 1]
+        layout = checked_layout(layout)
+        conv_cls = CONV_BY_RANK[len(in_size) - 1]
         if layout == 'channels_last':
             in_channels, in_spatial = in_size[-1], in_size[:-1]
         else:

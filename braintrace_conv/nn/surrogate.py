@@ -71,21 +71,15 @@ def heaviside(x) -> jax.Array:
     This is the forward pass of every surrogate spike function. It has no
     surrogate gradient of its own (its derivative is zero almost everywhere).
 
-    Parameters
-    ----------
-    x : array_like
-        Dimensionless input of any shape (a dimensionless ``saiunit`` quantity
+    Args:
+      x (array_like): Dimensionless input of any shape (a dimensionless ``saiunit`` quantity
         is accepted). Integer inputs are promoted to the default float dtype.
 
-    Returns
-    -------
-    jax.Array
-        ``0.`` / ``1.`` values, same shape and (floating) dtype as ``x``.
+    Returns:
+      jax.Array: ``0.`` / ``1.`` values, same shape and (floating) dtype as ``x``.
 
-    Raises
-    ------
-    saiunit.DimensionMismatchError
-        If ``x`` carries a physical unit.
+    Raises:
+      saiunit.DimensionMismatchError: If ``x`` carries a physical unit.
     """
     x = _as_float_array(x)
     return jnp.where(x >= 0, 1.0, 0.0).astype(x.dtype)
@@ -109,21 +103,16 @@ class Surrogate:
     pass, while forward- and reverse-mode differentiation use the elementwise
     :meth:`derivative`. Subclasses implement :meth:`derivative` only.
 
-    Parameters
-    ----------
-    alpha : float
-        Positive slope (sharpness) of the surrogate. It is a fixed
+    Args:
+      alpha (float): Positive slope (sharpness) of the surrogate. It is a fixed
         hyper-parameter: it is not differentiated.
 
-    Raises
-    ------
-    ValueError
-        If ``alpha`` is not a finite positive number.
+    Raises:
+      ValueError: If ``alpha`` is not a finite positive number.
 
-    Notes
-    -----
-    Instances compare equal (and hash equal) when they have the same type and
-    ``alpha``, so re-creating a surrogate does not trigger a new compilation.
+    Notes:
+      Instances compare equal (and hash equal) when they have the same type and
+      ``alpha``, so re-creating a surrogate does not trigger a new compilation.
     """
 
     def __init__(self, alpha: float):
@@ -163,10 +152,8 @@ class Sigmoid(Surrogate):
 
     The peak value is :math:`\alpha / 4` at :math:`x = 0`.
 
-    Parameters
-    ----------
-    alpha : float, default 4.0
-        Slope of the sigmoid.
+    Args:
+      alpha (float, default 4.0): Slope of the sigmoid.
     """
 
     def __init__(self, alpha: float = 4.0):
@@ -186,10 +173,8 @@ class Arctan(Surrogate):
 
     The peak value is :math:`\alpha / 2` at :math:`x = 0`.
 
-    Parameters
-    ----------
-    alpha : float, default 2.0
-        Slope of the arctangent.
+    Args:
+      alpha (float, default 2.0): Slope of the arctangent.
     """
 
     def __init__(self, alpha: float = 2.0):
@@ -206,10 +191,8 @@ class FastSigmoid(Surrogate):
 
     The peak value is ``1`` at :math:`x = 0`; ``alpha`` sets how fast it decays.
 
-    Parameters
-    ----------
-    alpha : float, default 10.0
-        Decay rate of the surrogate away from threshold.
+    Args:
+      alpha (float, default 10.0): Decay rate of the surrogate away from threshold.
     """
 
     def __init__(self, alpha: float = 10.0):

@@ -1,17 +1,15 @@
-"""Walking a step's jaxpr: sub-jaxprs, dependencies and re-binding equations.
+"""Walking a step's jaxpr: evaluation with hooks, sub-jaxprs, dependencies.
 
-Everything that reads raw jaxpr equations lives here and in
-:mod:`.positions`; the executors only see :class:`.graph.EtpOp` fields.
+Everything that reads raw jaxpr equations lives here, in :mod:`.positions`
+(which element each value comes from) and in the analysis that uses them; the
+executors only see :class:`.graph.EtpOp` fields. :func:`interpret` is the one
+interpreter of a step: plain, perturbed, partial or rebound.
 """
 from __future__ import annotations
 
 from jax.extend import core as jex_core
 
-from ..primitive import ETPPrimitive
-
-__all__ = ['is_literal', 'sub_jaxpr', 'contains_etp', 'depends_on', 'reached_from',
-           'dependency_sets',
-           'bind_eqn']
+from ...primitive import ETPPrimitive
 
 
 def is_literal(v) -> bool:
@@ -68,17 +66,18 @@ def reached_from(jaxpr, sources: set) -> set:
     return reached
 
 
-def dependency_sets(jaxpr, n_hidden: int, n_params: int) -> dict:
-    """For every var, the set of source kinds it depends on: ``'h'``, ``('p', i)``,
-    ``'x'`` (step input) and ``'y'`` (an ETP op output)."""
-    deps = {}
-    for i, v in enumerate(jaxpr.invars):
-        if i < n_hidden:
-            deps[v] = frozenset({'h'})
-        elif i < n_hidden + n_params:
-            deps[v] = frozenset({('p', i - n_hidden)})
-        else:
-            deps[v] = frozenset({'x'})
+def dependency_sets(jaxpr, sources: dict) -> dict:
+    """For every variable, the set of source kinds it is computed from.
+
+    Args:
+      jaxpr: the jaxpr.
+      sources: ``{input variable: kinds}``, the kinds (any hashable labels) each input
+        stands for.
+
+    Returns:
+      ``{variable: frozenset of kinds}``; the outputs of an ETP op also carry ``'y'``.
+    """
+    deps = {v: frozenset(kinds) for v, kinds in sources.items()}
     for eqn in jaxpr.eqns:
         d = frozenset().union(*[deps.get(v, frozenset()) for v in eqn.invars if not is_literal(v)])
         if isinstance(eqn.primitive, ETPPrimitive):
@@ -86,6 +85,41 @@ def dependency_sets(jaxpr, n_hidden: int, n_params: int) -> dict:
         for v in eqn.outvars:
             deps[v] = d
     return deps
+
+
+def read(env: dict, v):
+    """The value of variable or literal ``v`` in ``env`` (``None`` where unknown)."""
+    return v.val if is_literal(v) else env.get(v)
+
+
+def interpret(closed, inputs: dict, *, bind=None, write=None) -> dict:
+    """Evaluate a closed jaxpr equation by equation, with hooks.
+
+    Args:
+      closed: a ``ClosedJaxpr``.
+      inputs: ``{input variable: value}``; a variable left out is unknown (``None``).
+      bind: ``bind(i, eqn, invals) -> outputs or None``, asked first for equation
+        ``i`` with its operand values (``None`` where unknown): a list of outputs
+        stands for the equation's, ``None`` binds the equation to ``invals``.
+      write: ``write(var, value) -> value``, applied to every given input and every
+        equation output as it is stored.
+
+    Returns:
+      The environment ``{variable: value}``; read it with :func:`read`.
+    """
+    jaxpr = closed.jaxpr
+    env = dict(zip(jaxpr.constvars, closed.consts))
+    store = (lambda v, val: val) if write is None else write
+    for v, val in inputs.items():
+        env[v] = store(v, val)
+    for i, eqn in enumerate(jaxpr.eqns):
+        invals = [read(env, v) for v in eqn.invars]
+        outs = None if bind is None else bind(i, eqn, invals)
+        if outs is None:
+            outs = bind_eqn(eqn, invals)
+        for v, val in zip(eqn.outvars, outs):
+            env[v] = store(v, val)
+    return env
 
 
 def bind_eqn(eqn, invals) -> list:

@@ -18,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..primitive import ETPPrimitive
+from ...primitive import ETPPrimitive
 from .jaxpr import is_literal, sub_jaxpr
 
-__all__ = ['register_elementwise', 'MIXED', 'Mixing', 'positions_through', 'Reach', 'propagate']
 
 # Primitives that act element by element (operands of equal shape, or scalars).
 _ELEMENTWISE = {
@@ -89,14 +88,14 @@ def positions_through(eqn, index_in: dict, *, broadcast: bool = False):
         return [result] * len(out_avals)
     if len(index_in) != 1:
         raise Mixing(name)
-    (pos, idx), = index_in.items()
-    if name == 'reshape' and pos == 0:
+    (slot, idx), = index_in.items()
+    if name == 'reshape' and slot == 0:
         return [np.reshape(idx, eqn.params['new_sizes'])]
     if name == 'transpose':
         return [np.transpose(idx, eqn.params['permutation'])]
     if name == 'squeeze':
         return [np.squeeze(idx, tuple(eqn.params['dimensions']))]
-    if name == 'broadcast_in_dim' and pos == 0:
+    if name == 'broadcast_in_dim' and slot == 0:
         shape = eqn.params['shape']
         if int(np.prod(shape)) != idx.size and not broadcast:
             raise Mixing('broadcast_in_dim (copies one position to many)')
@@ -205,7 +204,7 @@ def _reads_elementwise(eqn, part: str) -> bool:
         jaxpr = closed.jaxpr
         ident = np.arange(int(np.prod(shape, dtype=int))).reshape(shape)
         sources = {v: ident for v in jaxpr.invars if tuple(v.aval.shape) == shape}
-        reach = propagate(jaxpr, sources, {}, set())
+        reach = propagate(jaxpr, sources, {})
     if reach.mixing is not None:
         return False
     return all(v not in reach.index or np.array_equal(reach.index[v], ident)
@@ -230,7 +229,6 @@ class Reach:
     """What :func:`propagate` found downstream of its sources."""
     index: dict           # top-level var -> index array or MIXED
     finals: dict          # hidden leaf -> index array or MIXED
-    outputs: bool         # reaches an output leaf
     etp_inputs: set       # eqn indices of ETP ops whose x it reaches
     etp_weights: set      # eqn indices of ETP ops whose weights it reaches
     mixing: str | None    # first mixing primitive met (if any)
@@ -239,8 +237,8 @@ class Reach:
     edges: list = dataclasses.field(default_factory=list)  # (tracked invar, tracked outvar)
 
 
-def propagate(jaxpr, source_vars: dict, final_of: dict, out_vars: set,
-              stop_at_finals: bool = False, broadcast: bool = False) -> Reach:
+def propagate(jaxpr, source_vars: dict, final_of: dict, *, stop_at_finals: bool = False,
+              broadcast: bool = False) -> Reach:
     """Follow the positions of ``source_vars`` forward through ``jaxpr``.
 
     ETP ops stop the tracking (recording whose input or weights are reached);
@@ -250,12 +248,12 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, out_vars: set,
     primitives, which :mod:`.graph` uses to find where to cut a step.
     """
     index = dict(source_vars)
-    reach = Reach(index, {}, False, set(), set(), None)
+    reach = Reach(index, {}, set(), set(), None)
     etp_eqns = {i for i, e in enumerate(jaxpr.eqns) if isinstance(e.primitive, ETPPrimitive)}
 
     def visit(eqns, index, top):
         for i, eqn in enumerate(eqns):
-            deps = {p: index[v] for p, v in enumerate(eqn.invars)
+            deps = {slot: index[v] for slot, v in enumerate(eqn.invars)
                     if not is_literal(v) and v in index}
             if not deps:
                 continue
@@ -272,7 +270,7 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, out_vars: set,
             sub = sub_jaxpr(eqn)
             try:
                 if sub is not None and len(sub.invars) == len(eqn.invars):
-                    inner = {sub.invars[p]: idx for p, idx in deps.items()}
+                    inner = {sub.invars[slot]: idx for slot, idx in deps.items()}
                     visit(sub.eqns, inner, False)
                     outs = [inner.get(v) if not is_literal(v) else None for v in sub.outvars]
                     if any(o is MIXED for o in outs):
@@ -283,12 +281,12 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, out_vars: set,
                 reach.mixing = reach.mixing or str(err)
                 outs = [MIXED] * len(eqn.outvars)
                 if top:
-                    reach.sinks.update(eqn.invars[p] for p in deps)
+                    reach.sinks.update(eqn.invars[slot] for slot in deps)
             for v, idx in zip(eqn.outvars, outs):
                 if idx is None:
                     continue
                 if top and idx is not MIXED:
-                    reach.edges.extend((eqn.invars[p], v) for p in deps)
+                    reach.edges.extend((eqn.invars[slot], v) for slot in deps)
                 if top and v in final_of:
                     reach.finals[final_of[v]] = idx
                     if stop_at_finals:
@@ -296,5 +294,4 @@ def propagate(jaxpr, source_vars: dict, final_of: dict, out_vars: set,
                 index[v] = idx
 
     visit(jaxpr.eqns, index, True)
-    reach.outputs = any(v in index for v in out_vars)
     return reach

@@ -1,0 +1,249 @@
+"""The step analysis piece by piece: positions, the vertex cut, analyse and each signal.
+
+Small hand-written steps whose positions, cuts and derivatives are known in closed
+form (float64), so a failure names the piece that broke rather than a gradient that
+no longer matches BPTT end to end.
+"""
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import braintrace_conv as bc
+from braintrace_conv.executors._analysis.graph import analyse, min_vertex_cut
+from braintrace_conv.executors._analysis.positions import MIXED, propagate
+from braintrace_conv.executors._analysis.signals import (
+    chained_learning_signal, dynamic_trace_inputs, init_release, learning_signals,
+    output_jacobian, parameter_jacobians, release_jacobians, state_jacobian, step_point,
+    transition)
+from braintrace_conv.executors._analysis.step import capture_step
+
+pytestmark = pytest.mark.usefixtures('float64')
+
+B, K, IN = 2, 3, 4
+
+
+# ----------------------------------------------------------------------------- positions
+def _reach(fn, *args, **kw):
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+    source = jaxpr.invars[0]
+    ident = np.arange(source.aval.size).reshape(source.aval.shape)
+    return jaxpr, ident, propagate(jaxpr, {source: ident}, {}, **kw)
+
+
+def test_positions_follow_elementwise_ops_reshapes_and_transposes():
+    x = jnp.ones((2, 3))
+    jaxpr, ident, reach = _reach(lambda x: (jnp.tanh(2.0 * x) + 1.0).T.reshape(6), x)
+    assert reach.mixing is None
+    np.testing.assert_array_equal(reach.index[jaxpr.outvars[0]], ident.T.reshape(6))
+
+
+def test_a_reduction_mixes_positions_and_is_named():
+    jaxpr, _, reach = _reach(lambda x: jnp.sum(x, axis=1) * 2.0, jnp.ones((2, 3)))
+    assert reach.mixing == 'reduce_sum'
+    assert reach.index[jaxpr.outvars[0]] is MIXED
+    assert jaxpr.invars[0] in reach.sinks      # the value the mixing op read
+
+
+def test_a_broadcast_copies_a_position_only_when_allowed():
+    fn = lambda b, x: x + b          # a per-channel bias over (batch, channel)
+    b, x = jnp.ones(3), jnp.ones((2, 3))
+    jaxpr, _, reach = _reach(fn, b, x, broadcast=True)
+    np.testing.assert_array_equal(reach.index[jaxpr.outvars[0]], [[0, 1, 2], [0, 1, 2]])
+    _, _, strict = _reach(fn, b, x)
+    assert strict.mixing is not None
+
+
+def test_new_hidden_values_are_recorded_as_finals():
+    jaxpr = jax.make_jaxpr(lambda h: (0.5 * h, jnp.flip(h)))(jnp.ones(4)).jaxpr
+    ident = np.arange(4)
+    final_of = {jaxpr.outvars[0]: 0, jaxpr.outvars[1]: 1}
+    reach = propagate(jaxpr, {jaxpr.invars[0]: ident}, final_of)
+    np.testing.assert_array_equal(reach.finals[0], ident)
+    assert reach.mixing == 'rev'               # flip reorders positions: not followed
+
+
+# ----------------------------------------------------------------------------- vertex cut
+@pytest.mark.parametrize('edges, sources, sinks, cut', [
+    ([('a', 'b'), ('b', 'c')], ['a'], ['c'], ['c']),                         # nearest the sink
+    ([('s', 'a'), ('s', 'b'), ('a', 't'), ('b', 't')], ['s'], ['t'], ['t']),
+    ([('h', 'v'), ('y', 'v'), ('v', 's'), ('v', 'n'), ('s', 'n'), ('s', 'o')],
+     ['h', 'y'], ['n', 'o'], ['v']),                                       # reset after spike
+    ([('a', 'c'), ('b', 'd')], ['a', 'b'], ['c', 'd'], ['c', 'd']),           # two paths
+])
+def test_min_vertex_cut(edges, sources, sinks, cut):
+    nodes = sorted({v for e in edges for v in e})
+    assert sorted(min_vertex_cut(nodes, edges, sources, sinks)) == cut
+
+
+def test_the_cut_meets_every_path():
+    rng = np.random.default_rng(0)
+    nodes = list(range(12))
+    edges = [(a, b) for a in nodes for b in nodes if a < b and rng.random() < 0.3]
+    cut = set(min_vertex_cut(nodes, edges, [0, 1], [10, 11]))
+    reached, stack = set(), [n for n in (0, 1) if n not in cut]
+    while stack:                                   # walk around the cut
+        a = stack.pop()
+        reached.add(a)
+        stack += [b for x, b in edges if x == a and b not in cut and b not in reached]
+    assert not reached & {10, 11}
+
+
+# ----------------------------------------------------------------------------- analyse
+class ResetNeuron(brainstate.nn.Module):
+    """``y = x W``; ``v = a h + c * y``; ``s = tanh(v)``; ``h' = v - beta * s``; output ``s``
+    through a dense readout. ``c`` (per channel) and ``beta`` are inside the dynamics."""
+
+    def __init__(self, a=0.8, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.a = a
+        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(IN, K))))
+        self.c = brainstate.ParamState(jnp.asarray(rng.uniform(0.5, 1.5, size=K)))
+        self.beta = brainstate.ParamState(jnp.asarray(0.4))
+        self.R = brainstate.ParamState(jnp.asarray(rng.normal(size=(K, 2))))
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = brainstate.HiddenState(jnp.asarray(np.random.default_rng(1).normal(
+            size=(batch_size, K))))
+
+    def update(self, x):
+        v = self.a * self.h.value + self.c.value * bc.dense(x, self.W.value)
+        s = jnp.tanh(v)
+        self.h.value = v - self.beta.value * s
+        return bc.dense(s, self.R.value)
+
+
+class Chained(brainstate.nn.Module):
+    """Two stored states, the second integrating the first's new value: ``v = 0.9 h1 + y``,
+    ``u = 0.7 h2 + v``; both are the new states and the output reads both."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        self.W = brainstate.ParamState(jnp.asarray(np.random.default_rng(seed).normal(
+            size=(IN, K))))
+
+    def init_state(self, batch_size=None, **kw):
+        rng = np.random.default_rng(2)
+        self.h1 = brainstate.HiddenState(jnp.asarray(rng.normal(size=(batch_size, K))))
+        self.h2 = brainstate.HiddenState(jnp.asarray(rng.normal(size=(batch_size, K))))
+
+    def update(self, x):
+        v = 0.9 * self.h1.value + bc.dense(x, self.W.value)
+        u = 0.7 * self.h2.value + v
+        self.h1.value, self.h2.value = v, u
+        return jnp.tanh(v) + jnp.sin(u)
+
+
+def _analysed(model):
+    brainstate.nn.init_all_states(model, B)
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(B, IN)))
+    graph = analyse(capture_step(model, jax.ShapeDtypeStruct(x.shape, x.dtype)))
+    step = graph.step
+    params = step.param_leaves()
+    return graph, step.hidden_leaves(), params, graph.weights(params), [x]
+
+
+def test_analyse_finds_ops_group_cut_and_parameters_inside_the_dynamics():
+    graph, *_ = _analysed(ResetNeuron())
+    names = graph.step.param_names
+    first, readout = graph.ops
+    assert first.group == 0 and first.h_to_y is None and first.slot_params == {
+        'weight': [names.index('W')]}
+    assert readout.group is None and readout.exact_readout
+    grp, = graph.groups
+    assert grp.names == ['h'] and grp.n == 1 and grp.m == 1
+    assert not grp.identity_release and not grp.chained and grp.feeds == frozenset()
+    v, = grp.cut   # the pre-reset potential: computed from a h and c y, read by tanh and h'
+    assert v.aval.shape == (B, K) and v not in graph.step.new_hidden_vars
+    assert {names[dp.leaf] for dp in graph.dynamic_params} == {'c', 'beta'}
+    c = next(dp for dp in graph.dynamic_params if names[dp.leaf] == 'c')
+    np.testing.assert_array_equal(c.index, np.broadcast_to(np.arange(K), (B, K)))
+    assert graph.direct_params == {names.index('c'): 'hidden', names.index('beta'): 'hidden'}
+
+
+def test_analyse_marks_cut_values_computed_from_one_another_as_chained():
+    graph, *_ = _analysed(Chained())
+    grp, = graph.groups
+    assert grp.names == ['h1', 'h2'] and grp.m == 2
+    assert grp.identity_release and grp.chained
+
+
+# ----------------------------------------------------------------------------- signals
+def _point(model, outputs=2):
+    graph, hidden, params, weights, inputs = _analysed(model)
+    target = jnp.asarray(np.random.default_rng(4).normal(size=(B, outputs)))
+    loss_fn = lambda out, tgt: jnp.sum(out * tgt)
+    eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in graph.cut_vars]
+    signals = learning_signals(graph, hidden, params, weights, inputs, target, loss_fn, None,
+                               eps0)
+    record = signals[3]
+    at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'], False)
+    return graph, at, signals, eps0, target
+
+
+def _values(model, at):
+    """``y``, ``v`` and ``s`` of a ResetNeuron step, by hand."""
+    h, = at.hidden
+    y = at.inputs[0] @ model.W.value
+    v = model.a * h + model.c.value * y
+    return y, v, jnp.tanh(v)
+
+
+def test_learning_signal_and_gamma():
+    model = ResetNeuron()
+    graph, at, (loss, new_h, out, record, g, gamma, direct), _, target = _point(model)
+    y, v, s = _values(model, at)
+    cotangent = target @ model.R.value.T                  # dL/ds
+    np.testing.assert_allclose(g[0][..., 0], cotangent * (1 - s ** 2), rtol=1e-12)
+    np.testing.assert_allclose(gamma[1], target, rtol=1e-12)    # the readout's dL/dy
+    np.testing.assert_allclose(new_h[0], v - model.beta.value * s, rtol=1e-12)
+    np.testing.assert_allclose(loss, jnp.sum((s @ model.R.value) * target), rtol=1e-12)
+
+
+def test_state_output_and_parameter_jacobians():
+    model = ResetNeuron()
+    graph, at, *_ = _point(model)
+    y, v, s = _values(model, at)
+    A, = state_jacobian(graph, at.hidden, at.params, at.weights, at.inputs, at.op_outputs)
+    np.testing.assert_allclose(A, jnp.full((B, K, 1, 1), model.a))           # dv/dh
+    Df = output_jacobian(at, [v])
+    np.testing.assert_allclose(Df[0][..., 0], jnp.broadcast_to(model.c.value, (B, K)))
+    G = parameter_jacobians(at)
+    names = graph.step.param_names
+    np.testing.assert_allclose(G[names.index('c')][0][..., 0], y, rtol=1e-12)  # dv/dc
+    np.testing.assert_allclose(G[names.index('beta')][0], 0.0)
+
+
+def test_release_transition_and_dynamic_trace_inputs():
+    model = ResetNeuron()
+    graph, at, *_ = _point(model)
+    y, v, s = _values(model, at)
+    names = graph.step.param_names
+    beta = next(j for j, dp in enumerate(graph.dynamic_params) if names[dp.leaf] == 'beta')
+    release = release_jacobians(at, [v], init_release(graph, jnp.float64))
+    R_expected = 1 - model.beta.value * (1 - s ** 2)                         # dh'/dv
+    np.testing.assert_allclose(release['R'][0][..., 0, 0], R_expected, rtol=1e-12)
+    np.testing.assert_allclose(release['Rphi'][beta][..., 0], -s, rtol=1e-12)  # dh'/dbeta
+    A = [jnp.full((B, K, 1, 1), model.a)]
+    D, = transition(graph, A, release)
+    np.testing.assert_allclose(D[..., 0, 0], model.a * R_expected, rtol=1e-12)
+    G = parameter_jacobians(at)
+    inst, trace_in = dynamic_trace_inputs(graph, A, G, release)
+    np.testing.assert_allclose(inst[beta], 0.0)
+    np.testing.assert_allclose(trace_in[beta][..., 0], model.a * -s, rtol=1e-12)
+
+
+def test_chained_learning_signal_holds_the_other_cut_value_fixed():
+    model = Chained()
+    graph, at, (_, _, _, record, g_eps, *_), eps0, target = _point(model, outputs=K)
+    h1, h2 = at.hidden
+    v = 0.9 * h1 + at.inputs[0] @ model.W.value
+    u = 0.7 * h2 + v
+    g, = chained_learning_signal(at, eps0, record['cut'], g_eps)
+    # dL/dv with u held fixed, and dL/du
+    np.testing.assert_allclose(g[..., 0], target * (1 - jnp.tanh(v) ** 2), rtol=1e-12)
+    np.testing.assert_allclose(g[..., 1], target * jnp.cos(u), rtol=1e-12)
+    # while a perturbation of v where it is produced also moves u
+    np.testing.assert_allclose(g_eps[0][..., 0], g[..., 0] + g[..., 1], rtol=1e-12)
