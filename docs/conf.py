@@ -17,7 +17,7 @@ extensions = [
     'myst_nb',                      # Markdown pages and the notebooks (with stored outputs)
     'sphinx.ext.autodoc',
     'sphinx.ext.autosummary',
-    'sphinx.ext.napoleon',          # Google sections (and the NumPy ones some modules still use)
+    'sphinx.ext.napoleon',          # the Google docstring sections (Args:, Returns:, ...)
     'sphinx.ext.mathjax',
     'apimodule',
 ]
