@@ -378,6 +378,19 @@ class TestDelayedBars:
         assert np.all(ds.events[:, :5].sum(axis=(1, 2, 3, 4)) > 0)
         assert ds.events[:, 4].sum() > 0
 
+    def test_cues_end_with_the_labelled_clip_after_distractors(self):
+        ds = delayed_bars(24, stimulus_steps=4, delay_steps=3, cues=3, size=(8, 8), seed=5)
+        assert ds.events.shape == (24, 21, 2, 8, 8)
+        last = delayed_bars(24, stimulus_steps=4, delay_steps=3, size=(8, 8), seed=5)
+        np.testing.assert_array_equal(ds.events[:, 14:], last.events)   # the last trial
+        np.testing.assert_array_equal(ds.labels, last.labels)
+        for start in (0, 7):   # distractor clips with events, each followed by a blank delay
+            assert np.all(ds.events[:, start:start + 4].sum(axis=(1, 2, 3, 4)) > 0)
+            assert np.all(ds.events[:, start + 4:start + 7] == 0)
+        # distractor clips differ from each other and from the labelled one
+        assert not np.array_equal(ds.events[:, 0:4], ds.events[:, 7:11])
+        assert not np.array_equal(ds.events[:, 7:11], ds.events[:, 14:18])
+
     def test_moving_bars_options_reach_the_clip(self):
         ds = delayed_bars(8, stimulus_steps=4, delay_steps=2, size=(16, 16), objects=("dots",),
                           speed=(1, 1))
@@ -390,6 +403,7 @@ class TestDelayedBars:
             (dict(stimulus_steps=1), ValueError, "stimulus_steps must be at least 2"),
             (dict(stimulus_steps=2.0), TypeError, "stimulus_steps must be an int"),
             (dict(delay_steps=0), ValueError, "delay_steps must be positive"),
+            (dict(cues=0), ValueError, "cues must be positive"),
             (dict(n_samples=0), ValueError, "n_samples must be positive"),
             (dict(objects=("disc",)), ValueError, "objects must be"),
         ],
