@@ -81,8 +81,8 @@ PROG = 'braintrace-conv'
 #: takes them from its data (the option is refused).
 TASK_DEFAULTS = {
     'moving-bars': dict(samples=2048, size=16, steps=20, epochs=6),
-    'delayed-bars': dict(samples=768, size=8, steps=56, delay=48, loss='final', lr=2e-3,
-                         clip_norm=1.0, epochs=24),
+    'delayed-bars': dict(samples=768, size=8, steps=128, cues=4, delay=24, tau=5.0,
+                         loss='final', lr=2e-3, clip_norm=1.0, epochs=24),
     'digits': dict(samples=1797, size=16, steps=24, epochs=6),
     'shd': dict(samples=1000, steps=50, epochs=8),
     'events': dict(steps=20, epochs=6),
@@ -109,13 +109,13 @@ RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'sampl
                'steps', 'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay',
                'update_every', 'loss', 'final_steps', 'target_rates', 'rate_target',
                'rate_strength', 'nonfinite', 'data', 'sensor_size', 'window_us', 'stream',
-               'window', 'delay', 'clip_norm')
+               'window', 'delay', 'cues', 'clip_norm')
 # Run options given as several values (``--target-rates 0.9 0.1``), not comma-separated.
 MULTI_VALUE_OPTIONS = ('target_rates', 'rate_target')
 # Options that only some tasks take.
 _BARS_AND_DIGITS = ('moving-bars', 'delayed-bars', 'digits')
 _TASK_OPTIONS = {'size': _BARS_AND_DIGITS, 'samples': (*_BARS_AND_DIGITS, 'shd'),
-                 'delay': ('delayed-bars',),
+                 'delay': ('delayed-bars',), 'cues': ('delayed-bars',),
                  'data': ('events',), 'sensor_size': ('events',), 'window_us': ('events',),
                  'stream': ('events',), 'cache_size': ('events',)}
 
@@ -178,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         'train', usage='%(prog)s [options]  (see --help)',
         help='train a recurrent spiking conv net on a synthetic or recorded event dataset',
         description='Train a recurrent spiking conv net. Tasks: moving-bars (DVS-like), '
-                    'delayed-bars (a moving bar, then --delay blank steps; the direction is '
-                    'asked for at the last step), digits '
+                    'delayed-bars (--cues trials of a moving bar then --delay blank steps; '
+                    'the last bar\'s direction is asked for at the last step), digits '
                     '(digit saccades), shd (SHD-like spoken words, 700 channels, 1-D '
                     'convolutions), events (a directory DATA/<class>/<sample>.npy|.npz of '
                     'tonic-format events). Task defaults: ' + '; '.join(
@@ -227,8 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
                             'task default)')
     train.add_argument('--steps', type=int, help='time steps T per sample (task default)')
     train.add_argument('--delay', type=int, metavar='STEPS',
-                       help='delayed-bars: blank steps at the end of the --steps; the moving '
-                            'bar fills the others (task default)')
+                       help='delayed-bars: blank steps after each moving bar; the bar fills '
+                            'the rest of a trial (task default)')
+    train.add_argument('--cues', type=int, metavar='N',
+                       help='delayed-bars: trials per sample, each --steps / N steps long; the '
+                            'label is the last bar\'s direction, the others are distractors '
+                            '(default 1)')
     train.add_argument('--test-fraction', type=float, default=0.25)
     train.add_argument('--channels', type=_channels, default=(8, 16),
                        help='channels of the spiking blocks, e.g. 8,16')
@@ -237,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--pool', type=int, metavar='P',
                        help='average the spikes of each block over windows of this many '
                             'positions per axis; 1: none (default by frame rank)')
-    train.add_argument('--tau', type=float, default=10.0, help='membrane time constant, ms')
+    train.add_argument('--tau', type=float,
+                       help='membrane time constant, ms (default 10; 5 for delayed-bars)')
     train.add_argument('--decay', type=float,
                        help='ES-D-RTRL trace decay (default exp(-dt/tau), dt = 1 ms)')
     train.add_argument('--update-every', type=int,
@@ -364,11 +369,12 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     for key, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key, value in (('loss', 'every-step'), ('lr', 5e-3)):
+    for key, value in (('loss', 'every-step'), ('lr', 5e-3), ('tau', 10.0)):
         if getattr(args, key) is None:
             setattr(args, key, value)
     _fill_model_defaults(args)
-    for name in ('epochs', 'batch_size', 'samples', 'size', 'steps', 'delay', 'final_steps',
+    for name in ('epochs', 'batch_size', 'samples', 'size', 'steps', 'delay', 'cues',
+                 'final_steps',
                  'log_every', 'kernel_size', 'pool'):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             fail(f'{_option(name)} must be positive, got {getattr(args, name)}')
@@ -380,9 +386,14 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     if args.task == 'moving-bars' and args.steps < 2:
         fail(f'--steps must be at least 2 for --task moving-bars (a single frame is equally '
              f'consistent with opposite directions), got {args.steps}')
-    if args.task == 'delayed-bars' and args.steps - args.delay < 2:
-        fail(f'--delay ({args.delay}) must leave at least 2 of the --steps ({args.steps}) to '
-             f'the moving bars (a single frame is equally consistent with opposite directions)')
+    if args.task == 'delayed-bars':
+        cues = args.cues or 1
+        if args.steps % cues:
+            fail(f'--steps ({args.steps}) must be a multiple of --cues ({cues}), one trial each')
+        if args.steps // cues - args.delay < 2:
+            fail(f'--delay ({args.delay}) must leave at least 2 of each trial\'s '
+                 f'{args.steps // cues} steps (--steps / --cues) to the moving bar (a single '
+                 f'frame is equally consistent with opposite directions)')
     if args.update_every is not None and args.update_every <= 0:
         fail(f'--update-every must be positive, got {args.update_every}')
     if not (args.lr > 0 and math.isfinite(args.lr)):
@@ -427,6 +438,7 @@ _STORED_WHEN = {'target_rates': lambda args: args.loss == 'count-mse',
                 'rate_strength': lambda args: bool(args.rate_target),
                 'window': lambda args: args.window is not None,
                 'delay': lambda args: args.delay is not None,
+                'cues': lambda args: args.cues is not None,
                 'clip_norm': lambda args: args.clip_norm is not None}
 
 
@@ -497,8 +509,9 @@ def _dataset(args, usage: str):
     if args.task == 'moving-bars':
         return moving_bars(args.samples, T=args.steps, size=size, seed=args.seed)
     if args.task == 'delayed-bars':
-        return delayed_bars(args.samples, stimulus_steps=args.steps - args.delay,
-                            delay_steps=args.delay, size=size, seed=args.seed)
+        cues = args.cues or 1
+        return delayed_bars(args.samples, stimulus_steps=args.steps // cues - args.delay,
+                            delay_steps=args.delay, cues=cues, size=size, seed=args.seed)
     return digits_saccades(n_samples=args.samples, T=args.steps, size=size,
                            digit_size=min(12, args.size), seed=args.seed)
 
