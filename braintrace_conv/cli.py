@@ -2,7 +2,8 @@
 and evaluate a saved run.
 
 ``braintrace-conv train`` generates a dataset (no downloads) -- DVS-like moving
-bars, digit saccades, or SHD-like spoken words over 700 channels -- or reads a
+bars (also with their direction held across blank frames, ``--task delayed-bars``),
+digit saccades, or SHD-like spoken words over 700 channels -- or reads a
 directory of recorded event files (``--task events``), builds
 :func:`~braintrace_conv.models.recurrent_conv_snn` for the rank of its frames
 (1-D convolutions for audio-like sensors, 2-D for cameras), trains it with the
@@ -61,7 +62,8 @@ import jax
 import optax
 
 from . import BPTT, D_RTRL, ES_D_RTRL
-from .data import digits_saccades, moving_bars, stream_directory, synthetic_shd
+from .data import (delayed_bars, digits_saccades, moving_bars, stream_directory,
+                   synthetic_shd)
 from ._npy_files import available_memory
 from .models import recurrent_conv_snn
 from .training import NONFINITE, Trainer, checkpoint, run_dir
@@ -73,10 +75,14 @@ __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIO
 
 PROG = 'braintrace-conv'
 
-#: Per-task defaults: samples, frame size (pixels), time steps, epochs. A task
-#: without ``samples`` or ``size`` takes them from its data (the option is refused).
+#: Per-task defaults: samples, frame size (pixels), time steps, epochs (and for
+#: delayed-bars the blank steps and the training: a loss at the last step, whose
+#: gradient through the delay needs clipping). A task without ``samples`` or ``size``
+#: takes them from its data (the option is refused).
 TASK_DEFAULTS = {
     'moving-bars': dict(samples=2048, size=16, steps=20, epochs=6),
+    'delayed-bars': dict(samples=768, size=8, steps=128, cues=4, delay=24, tau=5.0,
+                         loss='final', lr=2e-3, clip_norm=1.0, epochs=24),
     'digits': dict(samples=1797, size=16, steps=24, epochs=6),
     'shd': dict(samples=1000, steps=50, epochs=8),
     'events': dict(steps=20, epochs=6),
@@ -92,7 +98,7 @@ DEFAULT_CACHE_SIZE = 256
 #: Smallest frame (pixels per side) of each synthetic task that poses it: moving bars
 #: smaller than 4 x 4 give identical recordings for different directions; digits need
 #: room for a digit of 8 pixels.
-MIN_SIZE = {'moving-bars': 4, 'digits': 8}
+MIN_SIZE = {'moving-bars': 4, 'delayed-bars': 4, 'digits': 8}
 #: Largest ``metrics.json`` that ``evaluate`` reads to confirm a run's data directory.
 MAX_METRICS_BYTES = 64 * 2**20
 #: Largest --seed (the generators take 64-bit seeds).
@@ -103,11 +109,13 @@ RUN_OPTIONS = ('task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'sampl
                'steps', 'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay',
                'update_every', 'loss', 'final_steps', 'target_rates', 'rate_target',
                'rate_strength', 'nonfinite', 'data', 'sensor_size', 'window_us', 'stream',
-               'window')
+               'window', 'delay', 'cues', 'clip_norm')
 # Run options given as several values (``--target-rates 0.9 0.1``), not comma-separated.
 MULTI_VALUE_OPTIONS = ('target_rates', 'rate_target')
 # Options that only some tasks take.
-_TASK_OPTIONS = {'size': ('moving-bars', 'digits'), 'samples': ('moving-bars', 'digits', 'shd'),
+_BARS_AND_DIGITS = ('moving-bars', 'delayed-bars', 'digits')
+_TASK_OPTIONS = {'size': _BARS_AND_DIGITS, 'samples': (*_BARS_AND_DIGITS, 'shd'),
+                 'delay': ('delayed-bars',), 'cues': ('delayed-bars',),
                  'data': ('events',), 'sensor_size': ('events',), 'window_us': ('events',),
                  'stream': ('events',), 'cache_size': ('events',)}
 
@@ -169,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         'train', usage='%(prog)s [options]  (see --help)',
         help='train a recurrent spiking conv net on a synthetic or recorded event dataset',
-        description='Train a recurrent spiking conv net. Tasks: moving-bars (DVS-like), digits '
+        description='Train a recurrent spiking conv net. Tasks: moving-bars (DVS-like), '
+                    'delayed-bars (--cues trials of a moving bar then --delay blank steps; '
+                    'the last bar\'s direction is asked for at the last step), digits '
                     '(digit saccades), shd (SHD-like spoken words, 700 channels, 1-D '
                     'convolutions), events (a directory DATA/<class>/<sample>.npy|.npz of '
                     'tonic-format events). Task defaults: ' + '; '.join(
@@ -203,13 +213,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help='seeds the data, the initial weights and the shuffling')
     train.add_argument('--out', type=_path,
                        help='run directory (default runs/<task>-<algorithm>)')
-    train.add_argument('--lr', type=float, default=5e-3,
-                       help='peak Adam learning rate (cosine decay to 10%% of it)')
+    train.add_argument('--lr', type=float,
+                       help='peak Adam learning rate (cosine decay to 10%% of it; default '
+                            '0.005, 0.002 for delayed-bars)')
+    train.add_argument('--clip-norm', type=float, metavar='C',
+                       help='scale every gradient down to global norm at most C before Adam '
+                            '(default: no clipping; 1 for delayed-bars; 0: none)')
     train.add_argument('--samples', type=int,
-                       help='dataset size, train + test (moving-bars, digits, shd; task default)')
+                       help='dataset size, train + test (moving-bars, delayed-bars, digits, '
+                            'shd; task default)')
     train.add_argument('--size', type=int,
-                       help='frame height = width in pixels (moving-bars, digits; task default)')
+                       help='frame height = width in pixels (moving-bars, delayed-bars, digits; '
+                            'task default)')
     train.add_argument('--steps', type=int, help='time steps T per sample (task default)')
+    train.add_argument('--delay', type=int, metavar='STEPS',
+                       help='delayed-bars: blank steps after each moving bar; the bar fills '
+                            'the rest of a trial (task default)')
+    train.add_argument('--cues', type=int, metavar='N',
+                       help='delayed-bars: trials per sample, each --steps / N steps long; the '
+                            'label is the last bar\'s direction, the others are distractors '
+                            '(default 1)')
     train.add_argument('--test-fraction', type=float, default=0.25)
     train.add_argument('--channels', type=_channels, default=(8, 16),
                        help='channels of the spiking blocks, e.g. 8,16')
@@ -218,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--pool', type=int, metavar='P',
                        help='average the spikes of each block over windows of this many '
                             'positions per axis; 1: none (default by frame rank)')
-    train.add_argument('--tau', type=float, default=10.0, help='membrane time constant, ms')
+    train.add_argument('--tau', type=float,
+                       help='membrane time constant, ms (default 10; 5 for delayed-bars)')
     train.add_argument('--decay', type=float,
                        help='ES-D-RTRL trace decay (default exp(-dt/tau), dt = 1 ms)')
     train.add_argument('--update-every', type=int,
@@ -229,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                             'eligibility traces across them (memory grows with K, not T; '
                             'default: traces only)')
     train.add_argument('--loss', choices=tuple(n.replace('_', '-') for n in LOSSES),
-                       default='every-step',
-                       help='cross-entropy at every step or the final steps; or a loss of the '
+                       help='cross-entropy at every step (default; final for delayed-bars) or '
+                            'the final steps; or a loss of the '
                             'whole sequence (not with --update-every): cross-entropy or MSE '
                             'of spike counts, cross-entropy of the maximum or mean over time '
                             'of the readout (braintrace_conv.training.loss)')
@@ -345,9 +369,13 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     for key, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    for key, value in (('loss', 'every-step'), ('lr', 5e-3), ('tau', 10.0)):
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     _fill_model_defaults(args)
-    for name in ('epochs', 'batch_size', 'samples', 'size', 'steps', 'final_steps', 'log_every',
-                 'kernel_size', 'pool'):
+    for name in ('epochs', 'batch_size', 'samples', 'size', 'steps', 'delay', 'cues',
+                 'final_steps',
+                 'log_every', 'kernel_size', 'pool'):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             fail(f'{_option(name)} must be positive, got {getattr(args, name)}')
     if not 0 <= args.seed <= MAX_SEED:
@@ -358,10 +386,21 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     if args.task == 'moving-bars' and args.steps < 2:
         fail(f'--steps must be at least 2 for --task moving-bars (a single frame is equally '
              f'consistent with opposite directions), got {args.steps}')
+    if args.task == 'delayed-bars':
+        cues = args.cues or 1
+        if args.steps % cues:
+            fail(f'--steps ({args.steps}) must be a multiple of --cues ({cues}), one trial each')
+        if args.steps // cues - args.delay < 2:
+            fail(f'--delay ({args.delay}) must leave at least 2 of each trial\'s '
+                 f'{args.steps // cues} steps (--steps / --cues) to the moving bar (a single '
+                 f'frame is equally consistent with opposite directions)')
     if args.update_every is not None and args.update_every <= 0:
         fail(f'--update-every must be positive, got {args.update_every}')
     if not (args.lr > 0 and math.isfinite(args.lr)):
         fail(f'--lr must be a positive number, got {args.lr}')
+    if args.clip_norm is not None and not (args.clip_norm >= 0
+                                           and math.isfinite(args.clip_norm)):
+        fail(f'--clip-norm must be a non-negative number, got {args.clip_norm}')
     if not (args.tau > 0 and math.isfinite(args.tau)):
         fail(f'--tau must be a positive number, got {args.tau}')
     if not 0 < args.test_fraction < 1:
@@ -397,7 +436,10 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
 _STORED_WHEN = {'target_rates': lambda args: args.loss == 'count-mse',
                 'rate_target': lambda args: bool(args.rate_target),
                 'rate_strength': lambda args: bool(args.rate_target),
-                'window': lambda args: args.window is not None}
+                'window': lambda args: args.window is not None,
+                'delay': lambda args: args.delay is not None,
+                'cues': lambda args: args.cues is not None,
+                'clip_norm': lambda args: args.clip_norm is not None}
 
 
 def _run_config(args) -> dict:
@@ -466,6 +508,10 @@ def _dataset(args, usage: str):
                   usage)
     if args.task == 'moving-bars':
         return moving_bars(args.samples, T=args.steps, size=size, seed=args.seed)
+    if args.task == 'delayed-bars':
+        cues = args.cues or 1
+        return delayed_bars(args.samples, stimulus_steps=args.steps // cues - args.delay,
+                            delay_steps=args.delay, cues=cues, size=size, seed=args.seed)
     return digits_saccades(n_samples=args.samples, T=args.steps, size=size,
                            digit_size=min(12, args.size), seed=args.seed)
 
@@ -500,6 +546,8 @@ def _setup(args, usage: str, *, train: bool = True):
                 total_updates *= math.ceil(args.steps / args.update_every)
             optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, total_updates,
                                                                alpha=0.1))
+            if args.clip_norm:
+                optimizer = optax.chain(optax.clip_by_global_norm(args.clip_norm), optimizer)
         trainer = Trainer(_learner(args, model), optimizer, loss=args.loss.replace('-', '_'),
                           final_steps=args.final_steps, target_rates=args.target_rates,
                           rate_targets=_rate_targets(args.rate_target, len(args.channels)),

@@ -42,6 +42,21 @@ def test_train_smoke(tmp_path, capsys, extra, algorithm):
         assert checkpoint.read(tmp_path / LAST_CHECKPOINT)[1]['trainer']['window'] == 3
 
 
+def test_delayed_bars_run_keeps_its_task_options(tmp_path, capsys):
+    # task defaults: a loss at the last step, tau 5 ms, learning rate 0.002, gradients
+    # clipped at norm 1; two trials of 3 steps (a bar for 2, then 1 blank)
+    assert main(['train', *TINY, '--task', 'delayed-bars', '--cues', '2', '--delay', '1',
+                 '--algorithm', 'bptt', '--out', str(tmp_path)]) == 0
+    config = json.loads((tmp_path / 'metrics.json').read_text())['run_config']
+    assert {k: config[k] for k in ('task', 'steps', 'cues', 'delay', 'tau', 'loss',
+                                   'final_steps', 'lr', 'clip_norm')} == dict(
+        task='delayed-bars', steps=6, cues=2, delay=1, tau=5.0, loss='final', final_steps=1,
+        lr=0.002, clip_norm=1.0)
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(tmp_path)]) == 0     # rebuilt from the stored options
+    assert 'delayed-bars, 16 test samples' in capsys.readouterr().out
+
+
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp('cli') / 'run'
@@ -155,7 +170,9 @@ def test_help_and_version(capsys):
     assert main(['train', '--help']) == 0
     text = capsys.readouterr().out
     assert all(option in text for option in ('--update-every', '--resume', '--overwrite',
-                                             '--nonfinite', '--log-every', '--window'))
+                                             '--nonfinite', '--log-every', '--window',
+                                             '--delay', '--cues', '--clip-norm',
+                                             'delayed-bars'))
     assert main(['--version']) == 0
     assert capsys.readouterr().out.startswith('braintrace-conv ')
 

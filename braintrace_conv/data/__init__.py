@@ -15,6 +15,9 @@ Sources
 :func:`moving_bars`
     Synthetic DVS recordings of bars and dot clusters moving in one of eight
     directions; the label is the direction and no single frame reveals it.
+:func:`delayed_bars`
+    The same clips followed by blank frames: the direction must be held
+    across the delay (a memory task for recurrent networks).
 :func:`digits_saccades`
     scikit-learn's 8x8 digits seen by a simulated DVS camera making three
     saccades (N-MNIST style).
@@ -33,6 +36,7 @@ Sources
 from . import encoders
 
 from .dataset import EventDataset, FrameDataset
+from .delayed_bars import delayed_bars
 from .digits import digits_saccades, saccade_path
 from .event_files import (
     from_directory,
@@ -59,6 +63,7 @@ __all__ = [
     "FrameDataset",
     "MotionScenes",
     "StreamingEventDataset",
+    "delayed_bars",
     "digits_saccades",
     "encoders",
     "dvs_events",
