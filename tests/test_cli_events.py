@@ -119,7 +119,7 @@ EVENT_CASES = [
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--window-us', '0'],
      '--window-us must be a positive number, got 0.0'),
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--samples', '10'],
-     '--samples applies only to --task moving-bars or digits or shd'),
+     '--samples applies only to --task moving-bars or delayed-bars or digits or shd'),
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--pool', '64'],
      r'pool=64 is larger than the output of block 0, of shape \(C, \*spatial\) = \(2, 32\)'),
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--test-fraction', '0.01'],
