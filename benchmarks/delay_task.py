@@ -121,7 +121,6 @@ def main(argv=None) -> int:
     task = {k: stored.get(k) for k in ('samples', 'size', 'steps', 'cues', 'delay', 'tau',
                                        'epochs', 'batch_size', 'lr', 'clip_norm', 'channels',
                                        'loss', 'final_steps', 'test_fraction')}
-    task['cues'] = task['cues'] or 1
     trial = task['steps'] // task['cues']
     bptt = next((r['mean'] for r in rows if r['algorithm'] == 'bptt'), None)
     print(f"delayed-bars: {task['samples']} samples ({1 - task['test_fraction']:.0%} train), "

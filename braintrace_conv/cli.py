@@ -76,9 +76,9 @@ __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIO
 PROG = 'braintrace-conv'
 
 #: Per-task defaults: samples, frame size (pixels), time steps, epochs (and for
-#: delayed-bars the blank steps and the training: a loss at the last step, whose
-#: gradient through the delay needs clipping). A task without ``samples`` or ``size``
-#: takes them from its data (the option is refused).
+#: delayed-bars the trials, their blank steps, the membrane time constant and the
+#: training: a loss at the last step, whose gradient through the delay needs clipping).
+#: A task without ``samples`` or ``size`` takes them from its data (the option is refused).
 TASK_DEFAULTS = {
     'moving-bars': dict(samples=2048, size=16, steps=20, epochs=6),
     'delayed-bars': dict(samples=768, size=8, steps=128, cues=4, delay=24, tau=5.0,
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--cues', type=int, metavar='N',
                        help='delayed-bars: trials per sample, each --steps / N steps long; the '
                             'label is the last bar\'s direction, the others are distractors '
-                            '(default 1)')
+                            '(task default)')
     train.add_argument('--test-fraction', type=float, default=0.25)
     train.add_argument('--channels', type=_channels, default=(8, 16),
                        help='channels of the spiking blocks, e.g. 8,16')
@@ -374,8 +374,7 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
             setattr(args, key, value)
     _fill_model_defaults(args)
     for name in ('epochs', 'batch_size', 'samples', 'size', 'steps', 'delay', 'cues',
-                 'final_steps',
-                 'log_every', 'kernel_size', 'pool'):
+                 'final_steps', 'log_every', 'kernel_size', 'pool'):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             fail(f'{_option(name)} must be positive, got {getattr(args, name)}')
     if not 0 <= args.seed <= MAX_SEED:
@@ -387,13 +386,13 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
         fail(f'--steps must be at least 2 for --task moving-bars (a single frame is equally '
              f'consistent with opposite directions), got {args.steps}')
     if args.task == 'delayed-bars':
-        cues = args.cues or 1
-        if args.steps % cues:
-            fail(f'--steps ({args.steps}) must be a multiple of --cues ({cues}), one trial each')
-        if args.steps // cues - args.delay < 2:
+        if args.steps % args.cues:
+            fail(f'--steps ({args.steps}) must be a multiple of --cues ({args.cues}), one trial '
+                 f'each')
+        if args.steps // args.cues - args.delay < 2:
             fail(f'--delay ({args.delay}) must leave at least 2 of each trial\'s '
-                 f'{args.steps // cues} steps (--steps / --cues) to the moving bar (a single '
-                 f'frame is equally consistent with opposite directions)')
+                 f'{args.steps // args.cues} steps (--steps / --cues) to the moving bar (a '
+                 f'single frame is equally consistent with opposite directions)')
     if args.update_every is not None and args.update_every <= 0:
         fail(f'--update-every must be positive, got {args.update_every}')
     if not (args.lr > 0 and math.isfinite(args.lr)):
@@ -509,9 +508,8 @@ def _dataset(args, usage: str):
     if args.task == 'moving-bars':
         return moving_bars(args.samples, T=args.steps, size=size, seed=args.seed)
     if args.task == 'delayed-bars':
-        cues = args.cues or 1
-        return delayed_bars(args.samples, stimulus_steps=args.steps // cues - args.delay,
-                            delay_steps=args.delay, cues=cues, size=size, seed=args.seed)
+        return delayed_bars(args.samples, stimulus_steps=args.steps // args.cues - args.delay,
+                            delay_steps=args.delay, cues=args.cues, size=size, seed=args.seed)
     return digits_saccades(n_samples=args.samples, T=args.steps, size=size,
                            digit_size=min(12, args.size), seed=args.seed)
 
