@@ -177,8 +177,9 @@ def _window_copies(x, window, params):
     return stacked.reshape(*stacked.shape[:channel], -1, *stacked.shape[channel + 2:])
 
 
-def _patches(x, kernel_shape, y_shape, m, params):
-    """Receptive-field patches in the kernel-trace layout (see :func:`_trace_form`), with
+def _patches(x, kernel_shape, y_shape, trace_entries, params):
+    """Receptive-field patches in the layout of a kernel trace of ``trace_entries``
+    entries (see :func:`_trace_form`), with
     a unit state axis and a channel axis of size 1 for one group (broadcast). Entry ``p``
     of an output element is the input value it sees under kernel entry ``p`` (input
     channel within the group and tap, channel-major), pooled like the output if a
@@ -202,8 +203,7 @@ def _patches(x, kernel_shape, y_shape, m, params):
     groups, channels = _groups(params), y_shape[c]
     if groups > 1 and channels > groups:                      # K/G channels per group
         in_y = jnp.repeat(in_y, channels // groups, axis=c)
-    taps = _taps(kernel_shape, params)
-    if _entries_minor(params, y_shape, math.prod(y_shape) * m * taps):
+    if _entries_minor(params, y_shape, trace_entries):
         return in_y
     if in_y.ndim > c + 3:
         in_y = in_y.reshape(*in_y.shape[:c + 3], -1)          # (*before, G, 1, P, S)
@@ -314,7 +314,7 @@ def _xdf_to_trace(x, Df, weights, **params):
     pooled patch)."""
     entries = Df.size * _taps(weights['weight'].shape, params)
     Df_form = _trace_form(Df, params, 1, entries, extra=1)        # (.., K, m, 1, ..)
-    patches = _patches(x, weights['weight'].shape, Df.shape[:-1], Df.shape[-1], params)
+    patches = _patches(x, weights['weight'].shape, Df.shape[:-1], entries, params)
     out = {'weight': Df_form * patches.astype(Df_form.dtype)}
     if params['has_bias']:
         if params.get('pool') is None:
