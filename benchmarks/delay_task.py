@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         rows.append(dict(algorithm=algorithm, window=window, runs=runs,
                          mean=float(np.mean(accuracies)),
                          std=float(np.std(accuracies, ddof=1)) if len(runs) > 1 else None))
-    stored = metrics['run_config']
+    stored = futures[runs[0]].result()['run_config']
     task = {k: stored.get(k) for k in ('samples', 'size', 'steps', 'cues', 'delay', 'tau',
                                        'epochs', 'batch_size', 'lr', 'clip_norm', 'channels',
                                        'loss', 'final_steps', 'test_fraction')}

@@ -99,6 +99,8 @@ DEFAULT_CACHE_SIZE = 256
 #: smaller than 4 x 4 give identical recordings for different directions; digits need
 #: room for a digit of 8 pixels.
 MIN_SIZE = {'moving-bars': 4, 'delayed-bars': 4, 'digits': 8}
+#: Defaults of the options that a task may set otherwise (``TASK_DEFAULTS``).
+OVERRIDABLE_DEFAULTS = dict(loss='every-step', lr=5e-3, tau=10.0)
 #: Largest ``metrics.json`` that ``evaluate`` reads to confirm a run's data directory.
 MAX_METRICS_BYTES = 64 * 2**20
 #: Largest --seed (the generators take 64-bit seeds).
@@ -215,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help='run directory (default runs/<task>-<algorithm>)')
     train.add_argument('--lr', type=float,
                        help='peak Adam learning rate (cosine decay to 10%% of it; default '
-                            '0.005, 0.002 for delayed-bars)')
+                            f'{OVERRIDABLE_DEFAULTS["lr"]:g}, task default if set)')
     train.add_argument('--clip-norm', type=float, metavar='C',
                        help='scale every gradient down to global norm at most C before Adam '
                             '(default: no clipping; 1 for delayed-bars; 0: none)')
@@ -242,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help='average the spikes of each block over windows of this many '
                             'positions per axis; 1: none (default by frame rank)')
     train.add_argument('--tau', type=float,
-                       help='membrane time constant, ms (default 10; 5 for delayed-bars)')
+                       help='membrane time constant, ms (default '
+                            f'{OVERRIDABLE_DEFAULTS["tau"]:g}, task default if set)')
     train.add_argument('--decay', type=float,
                        help='ES-D-RTRL trace decay (default exp(-dt/tau), dt = 1 ms)')
     train.add_argument('--update-every', type=int,
@@ -253,8 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
                             'eligibility traces across them (memory grows with K, not T; '
                             'default: traces only)')
     train.add_argument('--loss', choices=tuple(n.replace('_', '-') for n in LOSSES),
-                       help='cross-entropy at every step (default; final for delayed-bars) or '
-                            'the final steps; or a loss of the '
+                       help='cross-entropy at every step (default, unless the task sets it) '
+                            'or the final steps; or a loss of the '
                             'whole sequence (not with --update-every): cross-entropy or MSE '
                             'of spike counts, cross-entropy of the maximum or mean over time '
                             'of the readout (braintrace_conv.training.loss)')
@@ -369,7 +372,7 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     for key, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key, value in (('loss', 'every-step'), ('lr', 5e-3), ('tau', 10.0)):
+    for key, value in OVERRIDABLE_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     _fill_model_defaults(args)
