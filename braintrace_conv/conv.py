@@ -16,26 +16,23 @@ Exact D-RTRL therefore keeps the kernel trace **position-resolved** (``docs/theo
 state variables of most neurons, see :mod:`braintrace_conv.primitive`) and kernel entry
 ``P = I_kernel * prod(kernel spatial)`` (channel-major, like the ``(I, *spatial)`` part
 of an ``OI...`` kernel). The bias trace is the trace of one more kernel entry whose
-input is always 1; both are summed over positions only on contraction. Their layout
-follows the output's and the width of its rows (:func:`_trace_form`)::
+input is always 1; both are summed over positions only on contraction. Whatever the
+output's layout, they are laid out (:func:`_trace_form`)::
 
-    output (..., K), channels last,   kernel trace (..., K, m, P)
-    K m P below WIDE_ROW_ENTRIES:     bias trace   (..., K, m, 1)
-    otherwise, output (*before, K, *after):
-                                      kernel trace (K, m, P, *before, S)
-                                      bias trace   (K, m, 1, *before, S)
+    kernel trace (K, m, P, A, S)        bias trace (K, m, 1, A, S)
 
-with ``S`` the axes after the channel flattened (none for a channels-last output). The
-per-element factors ``D``, ``Df`` and ``g`` arrive in the output's layout. In the first
-layout the fused per-step update reads every operand contiguously along the minor axis
-(a transposed operand keeps XLA's CPU backend from vectorising the loop); measured in
-the executors' loop on the standard workload, D-RTRL ran 15-20% faster on the
-channels-last model than with one canonical layout ``(G, K/G, P, N, m, S)`` for every
-output, and as fast on the channels-first one. Its contraction with ``g`` sums over the
-major axes, a column reduction that is slow once its accumulator row of ``K m P``
-entries no longer fits in the L1 cache, so such ops take the second layout, whose
-contraction sums whole rows. ``P`` minor for channels-first outputs, a flattened batch
-axis, or the contraction written as a matrix product were each slower.
+with ``A`` the output's first axis other than ``K`` (the batch, in the usual layouts)
+and ``S`` its other axes flattened (absent for a two-axis output). The per-step update
+multiplies ``D`` and ``Df`` (given per output element) into the trace and the
+contraction with ``g`` sums whole rows of positions, so both run over the trace in
+order, with their operands read contiguously along its minor axis ``S``. Measured with
+D-RTRL on a 2-core CPU, this layout was as fast as or faster than keeping a
+channels-last output's own layout ``(..., K, m, P)``, on the standard workload (rows of
+144 and 1152 kernel entries per position, batch 8 to 32) and on the DVS-sized net
+(rows of 800 to 36864 entries: 138 against 936 ms per step). That layout's contraction
+is a column reduction, slow once its accumulator row no longer fits the L1 cache.
+``P`` minor, a flattened batch axis, or the contraction written as a matrix product
+were each slower.
 """
 from __future__ import annotations
 
@@ -144,8 +141,8 @@ def _explicit_padding(dilated_sizes, extent, params):
     return params['padding']
 
 
-def _window_copies(x, window, params):
-    """``x`` (``lhs_spec`` layout) with its channel axis ``C`` replaced by ``C *
+def _window_copies(x, window, params, lhs_spec):
+    """``x`` (laid out as ``lhs_spec``) with its channel axis ``C`` replaced by ``C *
     prod(window)`` (channel-major) and its spatial axes by the output's: for every output
     position, the input values under each kernel tap, as
     ``lax.conv_general_dilated_patches`` returns them.
@@ -154,8 +151,7 @@ def _window_copies(x, window, params):
     copies, so no rounding on any backend, and measured 2x faster on CPU than the 0/1
     convolution that extracts the same values.
     """
-    spec = params['dimension_numbers'].lhs_spec
-    channel, spatial = spec[1], spec[2:]
+    channel, spatial = lhs_spec[1], lhs_spec[2:]
     dilated = tuple(dilated_extent(x.shape[a], ld)
                     for a, ld in zip(spatial, params['lhs_dilation']))
     extent = tuple(map(dilated_extent, window, params['rhs_dilation']))
@@ -177,17 +173,24 @@ def _window_copies(x, window, params):
     return stacked.reshape(*stacked.shape[:channel], -1, *stacked.shape[channel + 2:])
 
 
-def _patches(x, kernel_shape, y_shape, trace_entries, params):
-    """Receptive-field patches in the layout of a kernel trace of ``trace_entries``
-    entries (see :func:`_trace_form`), with
-    a unit state axis and a channel axis of size 1 for one group (broadcast). Entry ``p``
-    of an output element is the input value it sees under kernel entry ``p`` (input
-    channel within the group and tap, channel-major), pooled like the output if a
-    pooling is folded in."""
+def _patches(x, kernel_shape, y_shape, params):
+    """Receptive-field patches in the layout of a kernel trace (:func:`_trace_form`),
+    ``(G, 1, P, A, S)``: a channel axis of one entry per group (broadcast over the
+    group's channels) and a unit state axis. Entry ``p`` of an output element is the
+    input value it sees under kernel entry ``p`` (input channel within the group and
+    tap, channel-major), pooled like the output if a pooling is folded in."""
     dn = params['dimension_numbers']
-    windows = _window_copies(x, _kernel_spatial(kernel_shape, params), params) if x.ndim > 2 else x
+    lhs_spec = dn.lhs_spec
+    if lhs_spec[1] == x.ndim - 1:
+        # channels first before the taps are stacked, so that the patches come out in
+        # the trace's order rather than transposed inside its update
+        order = (lhs_spec[1], *(i for i in range(x.ndim) if i != lhs_spec[1]))
+        x = _transposed(x, order)
+        lhs_spec = tuple(order.index(i) for i in lhs_spec)
+    windows = (_window_copies(x, _kernel_spatial(kernel_shape, params), params, lhs_spec)
+               if x.ndim > 2 else x)
     # to the output's layout, channel axis split into (G, P)
-    in_y = jnp.transpose(windows, [dn.lhs_spec[i] for i in np.argsort(dn.out_spec)])
+    in_y = jnp.transpose(windows, [lhs_spec[i] for i in np.argsort(dn.out_spec)])
     c, fgc, bgc = dn.out_spec[1], params['feature_group_count'], params['batch_group_count']
     b = dn.out_spec[0]
     if bgc > 1:   # output channel group g reads input batch block g
@@ -203,12 +206,8 @@ def _patches(x, kernel_shape, y_shape, trace_entries, params):
     groups, channels = _groups(params), y_shape[c]
     if groups > 1 and channels > groups:                      # K/G channels per group
         in_y = jnp.repeat(in_y, channels // groups, axis=c)
-    if _entries_minor(params, y_shape, trace_entries):
-        return in_y
-    if in_y.ndim > c + 3:
-        in_y = in_y.reshape(*in_y.shape[:c + 3], -1)          # (*before, G, 1, P, S)
-    return jnp.moveaxis(in_y, (c, c + 1, c + 2), (0, 1, 2))
-
+    in_y = jnp.moveaxis(in_y, (c, c + 1, c + 2), (0, 1, 2))   # (G, 1, P, *other axes)
+    return in_y.reshape(*in_y.shape[:4], -1) if in_y.ndim > 4 else in_y
 
 def _taps(kernel_shape, params) -> int:
     """``P``: kernel entries per output channel (input channels of a group x taps)."""
@@ -228,82 +227,51 @@ def _spatial_axes_of_out(params, y_ndim):
     return tuple(i for i in range(y_ndim) if i != out_spec[1])
 
 
-#: Trace entries per output position (``K m P``) from which a channels-last op keeps its
-#: positions minor like a channels-first one (:func:`_trace_form`): 8192, a row of 32 KiB
-#: in float32, the L1 data cache of one core here and of most x86 cores.
-WIDE_ROW_ENTRIES = 8192
-
-
-def _channel_is_minor(params, y_ndim) -> bool:
-    """Whether the output is channels last (its channel axis the minor one)."""
-    return params['dimension_numbers'].out_spec[1] == y_ndim - 1
-
-
-def _entries_minor(params, y_shape, trace_entries) -> bool:
-    """Whether the kernel trace (``trace_entries`` entries) of an output of shape
-    ``y_shape`` is laid out ``(..., K, m, P)`` (:func:`_trace_form`)."""
-    if not _channel_is_minor(params, len(y_shape)):
-        return False
-    row = y_shape[-1] * trace_entries // max(math.prod(y_shape), 1)     # K m P
-    return row < WIDE_ROW_ENTRIES
-
-
-def _trace_channel(params, y_shape, trace_entries) -> int:
-    """Position of the channel axis in a kernel trace (see :func:`_trace_form`)."""
-    return len(y_shape) - 1 if _entries_minor(params, y_shape, trace_entries) else 0
-
-
-def _trace_form(a, params, n_state_axes: int, trace_entries: int, extra: int = 0):
-    """``(*y.shape, *state)`` -> the layout of a kernel trace of ``trace_entries``
-    entries, ``extra`` unit axes after the state.
-
-    The D-RTRL kernel trace holds, per output element and cut value, one entry per
-    kernel entry ``P`` of its channel ``K``. ``D``, ``Df`` and ``g`` arrive in the
-    output's layout; the per-step update reads every operand along the trace's minor
-    axis, and the contraction sums over the axes other than ``(K, P)``:
-
-    * channels last (``(..., K)``) with rows of ``K m P`` entries narrower than
-      :data:`WIDE_ROW_ENTRIES`: ``(..., K, m, P)``, kernel entries minor, the operands
-      in their own layout;
-    * otherwise (``(*before, K, *after)``): ``(K, m, P, *before, S)``, the output axes
-      after the channel (the positions) flattened into one minor axis ``S``; a
-      channels-last output (no axes after ``K``) gives ``(K, m, P, N, *spatial)``.
-
-    The contraction of the first layout is a column reduction: it adds every row of
-    ``K m P`` entries into one accumulator row, which is fast while that row stays in
-    the L1 cache and slow once each addition streams it through L2. Measured with
-    D-RTRL on a 2-core CPU with 32 KiB of L1 per core (interleaved runs): on the
-    channels-last DVS-sized net, the second layout for its two layers with rows of
-    18432 and 36864 entries cut the step from 1177 to 375 ms (3.1x), for all four
-    layers only to 440 ms (the layer with rows of 4608 entries runs faster in the
-    first); on the standard workload (rows of 144 and 1152 entries) the second layout
-    is 1.7-2.0x slower at every batch size from 8 to 64 (traces of 13.5-108 MiB), so
-    the row, not the trace size, decides.
-    """
+def _trace_form(a, params, n_state_axes: int, extra: int = 0):
+    """``(*y.shape, *state)`` -> ``(K, *state, *(1,) * extra, A, S)``, the layout of the
+    traces (module docstring): ``A`` the first axis of ``y`` other than its channel axis
+    ``K``, ``S`` the others flattened (absent when ``y`` has two axes)."""
     c = params['dimension_numbers'].out_spec[1]
     rank = a.ndim - n_state_axes
-    if _entries_minor(params, a.shape[:rank], trace_entries):
-        return a.reshape(*a.shape, *(1,) * extra)
-    if rank > c + 1:
-        a = a.reshape(*a.shape[:c + 1], -1, *a.shape[rank:])  # (*before, K, S, *state)
-        rank = c + 2
-    a = jnp.moveaxis(a, (c, *range(rank, a.ndim)), tuple(range(1 + n_state_axes)))
+    order = (c, *range(rank, a.ndim), *(i for i in range(rank) if i != c))
+    a = _transposed(a, order) if c == a.ndim - 1 - n_state_axes else jnp.transpose(a, order)
+    if rank > 2:
+        a = a.reshape(*a.shape[:2 + n_state_axes], -1)
     return a.reshape(*a.shape[:1 + n_state_axes], *(1,) * extra, *a.shape[1 + n_state_axes:])
 
 
+def _transposed(a, order):
+    """``jnp.transpose(a, order)`` computed into an array of its own, for an ``order``
+    that brings the channel axis of a channels-last ``a`` (its minor axis, or the one
+    before its state axes) to the front.
+
+    XLA's CPU backend fuses a transpose into its consumer (and drops optimization
+    barriers). Fused into a trace update, one that moves the minor axis turns the loop
+    over the trace into strided, unvectorised reads of the operand: measured on the
+    channels-last DVS-sized net, the update of a 288 MiB trace took 4-6x as long as
+    with the operand already in the trace's order. The axis is therefore moved by a
+    product with the identity matrix, which XLA computes on its own. The product is
+    exact (each output is one input times 1 plus zeros) unless ``a`` holds an infinity
+    or a NaN, which then spreads along the moved axis.
+    """
+    n, rest = a.shape[order[0]], order[1:]
+    flat = jnp.transpose(a, (*rest, order[0])).reshape(-1, n)
+    moved = lax.dot_general(jnp.eye(n, dtype=a.dtype), flat, (((1,), (1,)), ((), ())),
+                            precision=lax.Precision.HIGHEST)
+    return moved.reshape(n, *(a.shape[i] for i in rest))
+
+
 # --------------------------------------------------------------------------- ETP rules
-# D-RTRL traces, in the layout of :func:`_trace_form`: the kernel trace ``(.., K, m, P,
-# ..)`` and the bias trace ``(.., K, m, 1, ..)``, the latter being the trace of one more
+# D-RTRL traces, in the layout of :func:`_trace_form`: the kernel trace ``(K, m, P, A,
+# S)`` and the bias trace ``(K, m, 1, A, S)``, the latter being the trace of one more
 # kernel entry whose input is always 1 (with a folded pooling, the pooled count).
 def _yw_to_w(D, trace, **params):
     """Apply ``D^t`` (``(*y.shape, m, m)``) to the traces, element by element."""
-    entries = trace['weight'].size
-    kc = _trace_channel(params, D.shape[:-2], entries)
-    D_form = _trace_form(D, params, 2, entries, extra=1)          # (.., K, m, m, 1, ..)
+    D_form = _trace_form(D, params, 2, extra=1)                   # (K, m, m, 1, A, S)
     # out[i] = sum_j D[i, j] E[j], written as a sum of broadcast products (a reduction
     # over the middle state axis made XLA's CPU backend crash in jaxlib 0.10)
-    apply = lambda e: sum(lax.index_in_dim(D_form, j, axis=kc + 2, keepdims=False)
-                          * lax.slice_in_dim(e, j, j + 1, axis=kc + 1)
+    apply = lambda e: sum(lax.index_in_dim(D_form, j, axis=2, keepdims=False)
+                          * lax.slice_in_dim(e, j, j + 1, axis=1)
                           for j in range(D.shape[-1]))
     return {slot: apply(e) for slot, e in trace.items()}
 
@@ -312,9 +280,8 @@ def _xdf_to_trace(x, Df, weights, **params):
     """Instantaneous term ``E[k, j, p] = Df^t[k, j] * patch[k, p]`` per output element and
     cut value ``j``, for ``Df^t`` of shape ``(*y.shape, m)`` (with a folded pooling, the
     pooled patch)."""
-    entries = Df.size * _taps(weights['weight'].shape, params)
-    Df_form = _trace_form(Df, params, 1, entries, extra=1)        # (.., K, m, 1, ..)
-    patches = _patches(x, weights['weight'].shape, Df.shape[:-1], entries, params)
+    Df_form = _trace_form(Df, params, 1, extra=1)                 # (K, m, 1, A, S)
+    patches = _patches(x, weights['weight'].shape, Df.shape[:-1], params)
     out = {'weight': Df_form * patches.astype(Df_form.dtype)}
     if params['has_bias']:
         if params.get('pool') is None:
@@ -322,7 +289,7 @@ def _xdf_to_trace(x, Df, weights, **params):
         else:   # d y'/d b = the pooled count of the window at each output position
             count = _pool(jnp.ones(_unpooled_shape(x, weights, params), Df.dtype),
                           params['pool'])
-            out['bias'] = _trace_form(Df * count[..., None], params, 1, entries, extra=1)
+            out['bias'] = _trace_form(Df * count[..., None], params, 1, extra=1)
     return out
 
 
@@ -330,17 +297,13 @@ def _trace_to_dw(trace, g, weights, **params):
     """``dK[k, p] = sum_{b,s,j} g[b,s,k,j] E[b,s,k,j,p]`` for the learning signal ``g``
     (``(*y.shape, m)``), and the bias likewise: the traces summed over positions here,
     and only here."""
-    entries = trace['weight'].size
-    kc = _trace_channel(params, g.shape[:-1], entries)
-    g_form = _trace_form(g, params, 1, entries, extra=1)          # (.., K, m, 1, ..)
-    column = lambda a, j: lax.index_in_dim(a, j, axis=kc + 1, keepdims=False)
+    g_form = _trace_form(g, params, 1, extra=1)                   # (K, m, 1, A, S)
 
     def contract(e):   # -> (K, P)
         # summed over the state axis first: the sum over positions then runs over whole
         # rows (measured 1.5x faster on CPU than one reduction with the state axis inside)
-        product = sum(column(g_form, j) * column(e, j) for j in range(e.shape[kc + 1]))
-        return jnp.sum(product, axis=tuple(a for a in range(product.ndim)
-                                           if a not in (kc, kc + 1)))
+        product = sum(g_form[:, j] * e[:, j] for j in range(e.shape[1]))
+        return jnp.sum(product, axis=tuple(range(2, product.ndim)))
 
     out = {'weight': _kernel_from_taps(contract(trace['weight']), weights['weight'].shape,
                                        params)}
@@ -408,17 +371,13 @@ def _unpool(cotangent, x, kernel, params):
 
 def _init_drtrl(x_aval, y_aval, weight_avals, m, **params):
     # the trace form of y with unit state and kernel-entry axes, which are then sized
-    taps = _taps(weight_avals['weight'].shape, params)
-    entries = math.prod(y_aval.shape) * m * taps
-    shape = jax.eval_shape(lambda y: _trace_form(y, params, 0, entries, extra=2),
+    shape = jax.eval_shape(lambda y: _trace_form(y, params, 0, extra=2),
                            jax.ShapeDtypeStruct(y_aval.shape, y_aval.dtype)).shape
-    kc = _trace_channel(params, y_aval.shape, entries)
-    trace = lambda taps: jnp.zeros((*shape[:kc + 1], m, taps, *shape[kc + 3:]), y_aval.dtype)
-    out = {'weight': trace(taps)}
+    trace = lambda taps: jnp.zeros((shape[0], m, taps, *shape[3:]), y_aval.dtype)
+    out = {'weight': trace(_taps(weight_avals['weight'].shape, params))}
     if params['has_bias']:
         out['bias'] = trace(1)
     return out
-
 
 def _init_pp(x_aval, y_aval, weight_avals, m, **params):
     return jnp.zeros((*y_aval.shape, m), y_aval.dtype)

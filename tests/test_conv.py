@@ -9,10 +9,8 @@
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import importlib
 import itertools
 import math
 from typing import Any
@@ -97,8 +95,6 @@ class Cfg:
     feature_group_count: int = 1
     batch_group_count: int = 1
     bias: bool = True
-    # D-RTRL trace layout of wide rows (``conv.WIDE_ROW_ENTRIES`` set to 0)
-    wide_rows: bool = False
 
     @property
     def dn(self) -> lax.ConvDimensionNumbers:
@@ -396,8 +392,7 @@ def random_cfgs(draw):
                in_ch=fgc * draw(st.integers(1, 2)),
                out_ch=fgc * bgc * draw(st.integers(1, 2)), size=size, ksize=ksize,
                strides=strides, padding=padding, lhs_dilation=lhs_dil, rhs_dilation=rhs_dil,
-               feature_group_count=fgc, batch_group_count=bgc, bias=draw(st.booleans()),
-               wide_rows=draw(st.booleans()))
+               feature_group_count=fgc, batch_group_count=bgc, bias=draw(st.booleans()))
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
@@ -501,12 +496,8 @@ RULE_CFGS = {
     '2d-chlast-fgroups-ldil': make_cfg(2, 'channel_last', size=(4, 4), ksize=(3, 2),
                                        padding=((0, 1), (1, 1)), lhs_dilation=(2, 1),
                                        out_ch=6, feature_group_count=2),
-    '2d-chlast-fgroups-ldil-wide-rows': make_cfg(2, 'channel_last', size=(4, 4), ksize=(3, 2),
-                                                 padding=((0, 1), (1, 1)),
-                                                 lhs_dilation=(2, 1), out_ch=6,
-                                                 feature_group_count=2, wide_rows=True),
-    '1d-chlast-wide-rows': make_cfg(1, 'channel_last', size=6, ksize=3, strides=2,
-                                    padding='SAME', wide_rows=True),
+    '1d-chlast-stride-same': make_cfg(1, 'channel_last', size=6, ksize=3, strides=2,
+                                      padding='SAME'),
     '2d-numbers-bgroups3': make_cfg(2, lax.ConvDimensionNumbers((1, 3, 0, 2), (2, 0, 3, 1),
                                                                 (3, 0, 2, 1)),
                                     size=(4, 3), ksize=(2, 2), batch=3, in_ch=2, out_ch=3,
@@ -532,48 +523,29 @@ def rule_case(name):
 
 # Layout of the position-resolved kernel trace (conv.py, ``_trace_form``): per output
 # element and state variable ``m``, one entry per kernel entry ``p`` (``(I, *kernel
-# spatial)`` flattened, channel-major). Channels-last outputs with narrow rows: the
-# output's axes, then ``(n, P)``; otherwise ``(K, n, P, *axes before the channel,
-# positions after it flattened, if any)``.
-def _entries_minor(cfg: Cfg) -> bool:
-    return cfg.dn.out_spec[1] == len(cfg.y_shape) - 1 and not cfg.wide_rows
-
-
-@contextlib.contextmanager
-def trace_layout(cfg: Cfg):
-    """The rules lay traces out as for ``cfg`` (``cfg.wide_rows``: as wide rows)."""
-    module, threshold = importlib.import_module('braintrace_conv.conv'), None
-    if cfg.wide_rows:
-        threshold, module.WIDE_ROW_ENTRIES = module.WIDE_ROW_ENTRIES, 0
-    try:
-        yield
-    finally:
-        if threshold is not None:
-            module.WIDE_ROW_ENTRIES = threshold
-
-
-def _after_channel(y, c) -> tuple:
-    return (math.prod(y[c + 1:]),) if c + 1 < len(y) else ()
+# spatial)`` flattened, channel-major), as ``(K, n, P, A, S)``: ``A`` the output's first
+# axis other than the channel, ``S`` its other axes flattened (absent for two axes).
+def _other_axes(cfg: Cfg):
+    c = cfg.dn.out_spec[1]
+    return [i for i in range(len(cfg.y_shape)) if i != c]
 
 
 def trace_shape(cfg: Cfg, n, taps=None):
     """Shape of the kernel trace (of the bias trace, one kernel entry: ``taps=1``)."""
     taps = cfg.in_ch // cfg.feature_group_count * math.prod(cfg.ksize) if taps is None else taps
-    y, c = cfg.y_shape, cfg.dn.out_spec[1]
-    if _entries_minor(cfg):
-        return (*y, n, taps)
-    return (y[c], n, taps, *y[:c], *_after_channel(y, c))
+    y, others = cfg.y_shape, [cfg.y_shape[i] for i in _other_axes(cfg)]
+    return (y[cfg.dn.out_spec[1]], n, taps, others[0],
+            *((math.prod(others[1:]),) if len(others) > 1 else ()))
 
 
 def trace_index(cfg: Cfg, y_index, p, m):
     """Index of the trace entry of output element ``y_index`` (user layout), kernel entry
     ``p`` and state ``m``; ``p`` and ``m`` may be slices."""
-    y, c = cfg.y_shape, cfg.dn.out_spec[1]
-    if _entries_minor(cfg):
-        return (*y_index, m, p)
-    flat = ((int(np.ravel_multi_index(y_index[c + 1:], y[c + 1:])),)
-            if _after_channel(y, c) else ())
-    return (y_index[c], m, p, *y_index[:c], *flat)
+    axes = _other_axes(cfg)
+    flat = ((int(np.ravel_multi_index([y_index[i] for i in axes[1:]],
+                                      [cfg.y_shape[i] for i in axes[1:]])),)
+            if len(axes) > 1 else ())
+    return (y_index[cfg.dn.out_spec[1]], m, p, y_index[axes[0]], *flat)
 
 
 def position_block(trace, cfg: Cfg, y_index):
@@ -615,12 +587,7 @@ def y_entries(cfg: Cfg):
 def jitted_rule(rule, case):
     """``RULES[rule]`` bound to the params of configuration ``case``, jitted once."""
     params = rule_case(case)[4]
-    jitted = jax.jit(lambda *a: RULES[rule](*a, **params))
-
-    def call(*args):
-        with trace_layout(RULE_CFGS[case]):
-            return jitted(*args)
-    return call
+    return jax.jit(lambda *a: RULES[rule](*a, **params))
 
 
 @pytest.mark.parametrize('name', list(RULE_CFGS))
@@ -736,8 +703,7 @@ def test_init_rules_allocate_zeros(name, dtype, n):
     x_aval = jax.ShapeDtypeStruct(x.shape, dtype)
     y_aval = jax.ShapeDtypeStruct(cfg.y_shape, dtype)
     weight_avals = {key: jax.ShapeDtypeStruct(w.shape, dtype) for key, w in weights.items()}
-    with trace_layout(cfg):
-        drtrl = RULES['init_drtrl'](x_aval, y_aval, weight_avals, n, **params)
+    drtrl = RULES['init_drtrl'](x_aval, y_aval, weight_avals, n, **params)
     assert set(drtrl) == set(weights)
     assert drtrl['weight'].shape == trace_shape(cfg, n)
     if b is not None:
@@ -770,7 +736,7 @@ def test_trace_patches_are_exact_copies_of_x():
     ref = lax.conv_general_dilated_patches(
         x_c, window, params['strides'], params['padding'], lhs_dilation=params['lhs_dilation'],
         rhs_dilation=params['rhs_dilation'], precision=lax.Precision.HIGHEST)
-    ours = _window_copies(x, window, params)                  # in x's own layout
+    ours = _window_copies(x, window, params, dn.lhs_spec)     # in x's own layout
     np.testing.assert_array_equal(jnp.transpose(ours, dn.lhs_spec), ref)
 
 
@@ -805,8 +771,7 @@ def test_random_configs_rules_compose_to_the_vjp(cfg, seed, n):
         return (trace['weight'].shape, RULES['trace_to_dw'](decayed, g, weights, **params),
                 RULES['xy_to_dw'](x, signal, weights, **params), dict(zip(names, vjp(signal))))
 
-    with trace_layout(cfg):
-        shape, via_trace, via_rule, expected = compose(x, df, g, d, weights)
+    shape, via_trace, via_rule, expected = compose(x, df, g, d, weights)
     assert shape == trace_shape(cfg, n)
     assert_tree_close(via_trace, expected)
     assert_tree_close(via_rule, expected)

@@ -3,7 +3,6 @@
 Every model here is built from ``brainstate`` states and the ``conv`` / ``dense``
 ops only (no project layers), so the executors see them as unseen models.
 """
-import importlib
 
 import brainstate
 import jax
@@ -124,17 +123,6 @@ def test_drtrl_equals_bptt_single_conv_layer(case, bias):
     batch_out = x_shape[0] // kw.get('batch_group_count', 1)
     targets = jnp.asarray(np.random.default_rng(2).normal(size=(6, batch_out, 3)))
     assert_matches_bptt(model, bc.D_RTRL(model), xs, targets, sq_loss)
-
-
-@pytest.mark.parametrize('case', ['1d-nwc-rhs-dilation', '2d-nhwc-groups-negative-pad',
-                                  '3d-ndhwc-stride'])
-def test_drtrl_equals_bptt_with_the_wide_row_trace_layout(case, monkeypatch):
-    """Channels-last ops with wide trace rows lay their traces out positions-minor
-    (``conv.py``, ``WIDE_ROW_ENTRIES``); forced here at test sizes, D-RTRL is still
-    exact."""
-    monkeypatch.setattr(importlib.import_module('braintrace_conv.conv'),
-                        'WIDE_ROW_ENTRIES', 0)
-    test_drtrl_equals_bptt_single_conv_layer(case, bias=True)
 
 
 def test_drtrl_equals_bptt_with_flatten_between_conv_and_neuron():
