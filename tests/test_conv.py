@@ -740,6 +740,19 @@ def test_trace_patches_are_exact_copies_of_x():
     np.testing.assert_array_equal(jnp.transpose(ours, dn.lhs_spec), ref)
 
 
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16, jnp.float64])
+def test_channel_axis_moved_by_the_identity_is_an_exact_transpose(dtype):
+    """Channels-last factors reach the trace update through a product with the identity
+    (``conv._transposed``); it must equal the transpose bit for bit on finite values."""
+    from braintrace_conv.conv import _transposed
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(3, 5, 4, 7, 2)) * 10.0 ** rng.integers(-30, 30, size=(3, 5, 4, 7, 2))
+    a = jnp.asarray(a, dtype)
+    order = (3, 4, 0, 1, 2)                                   # channel, state, positions
+    np.testing.assert_array_equal(np.asarray(jax.jit(_transposed, static_argnums=1)(a, order)),
+                                  np.asarray(jnp.transpose(a, order)))
+
+
 def test_rule_table_is_complete():
     from braintrace_conv.primitive import DRTRL_RULES, ES_DRTRL_RULES, STANDARD_RULES
     assert etp_conv_p.missing_rules(STANDARD_RULES + DRTRL_RULES + ES_DRTRL_RULES) == []
