@@ -22,7 +22,10 @@ output's layout, they are laid out (:func:`_trace_form`)::
     kernel trace (K, m, P, A, S)        bias trace (K, m, 1, A, S)
 
 with ``A`` the output's first axis other than ``K`` (the batch, in the usual layouts)
-and ``S`` its other axes flattened (absent for a two-axis output). The per-step update
+and ``S`` its other axes flattened (absent for a two-axis output). An output of a batch
+and channels only (a dense layer, :mod:`braintrace_conv.dense`) keeps its own layout,
+``(B, K, m, P)``: there the positions are just the batch, too short to be the minor
+axis. The per-step update
 multiplies ``D`` and ``Df`` (given per output element) into the trace and the
 contraction with ``g`` sums whole rows of positions, so both run over the trace in
 order, with their operands read contiguously along its minor axis ``S``. Measured with
@@ -181,7 +184,7 @@ def _patches(x, kernel_shape, y_shape, params):
     tap, channel-major), pooled like the output if a pooling is folded in."""
     dn = params['dimension_numbers']
     lhs_spec = dn.lhs_spec
-    if lhs_spec[1] == x.ndim - 1:
+    if lhs_spec[1] == x.ndim - 1 and not _entries_minor(params, len(y_shape)):
         # channels first before the taps are stacked, so that the patches come out in
         # the trace's order rather than transposed inside its update
         order = (lhs_spec[1], *(i for i in range(x.ndim) if i != lhs_spec[1]))
@@ -206,6 +209,8 @@ def _patches(x, kernel_shape, y_shape, params):
     groups, channels = _groups(params), y_shape[c]
     if groups > 1 and channels > groups:                      # K/G channels per group
         in_y = jnp.repeat(in_y, channels // groups, axis=c)
+    if _entries_minor(params, len(y_shape)):
+        return in_y                                           # (B, G, 1, P)
     in_y = jnp.moveaxis(in_y, (c, c + 1, c + 2), (0, 1, 2))   # (G, 1, P, *other axes)
     return in_y.reshape(*in_y.shape[:4], -1) if in_y.ndim > 4 else in_y
 
@@ -227,12 +232,27 @@ def _spatial_axes_of_out(params, y_ndim):
     return tuple(i for i in range(y_ndim) if i != out_spec[1])
 
 
+def _entries_minor(params, y_ndim: int) -> bool:
+    """Whether the traces keep the output's own layout ``(B, K, m, P)``: an output of a
+    batch and channels only (a dense layer)."""
+    return y_ndim == 2 and params['dimension_numbers'].out_spec[1] == 1
+
+
+def _state_axis(params, y_ndim: int) -> int:
+    """The trace's axis of state variables ``m``; its channel axis comes before, its
+    kernel-entry axis ``P`` right after."""
+    return 2 if _entries_minor(params, y_ndim) else 1
+
+
 def _trace_form(a, params, n_state_axes: int, extra: int = 0):
     """``(*y.shape, *state)`` -> ``(K, *state, *(1,) * extra, A, S)``, the layout of the
     traces (module docstring): ``A`` the first axis of ``y`` other than its channel axis
-    ``K``, ``S`` the others flattened (absent when ``y`` has two axes)."""
+    ``K``, ``S`` the others flattened (absent when ``y`` has two axes); a dense layer's
+    ``(B, K, *state, *(1,) * extra)``."""
     c = params['dimension_numbers'].out_spec[1]
     rank = a.ndim - n_state_axes
+    if _entries_minor(params, rank):
+        return a.reshape(*a.shape, *(1,) * extra)
     order = (c, *range(rank, a.ndim), *(i for i in range(rank) if i != c))
     a = _transposed(a, order) if c == a.ndim - 1 - n_state_axes else jnp.transpose(a, order)
     if rank > 2:
@@ -268,10 +288,11 @@ def _transposed(a, order):
 def _yw_to_w(D, trace, **params):
     """Apply ``D^t`` (``(*y.shape, m, m)``) to the traces, element by element."""
     D_form = _trace_form(D, params, 2, extra=1)                   # (K, m, m, 1, A, S)
+    m = _state_axis(params, D.ndim - 2)
     # out[i] = sum_j D[i, j] E[j], written as a sum of broadcast products (a reduction
     # over the middle state axis made XLA's CPU backend crash in jaxlib 0.10)
-    apply = lambda e: sum(lax.index_in_dim(D_form, j, axis=2, keepdims=False)
-                          * lax.slice_in_dim(e, j, j + 1, axis=1)
+    apply = lambda e: sum(lax.index_in_dim(D_form, j, axis=m + 1, keepdims=False)
+                          * lax.slice_in_dim(e, j, j + 1, axis=m)
                           for j in range(D.shape[-1]))
     return {slot: apply(e) for slot, e in trace.items()}
 
@@ -298,12 +319,15 @@ def _trace_to_dw(trace, g, weights, **params):
     (``(*y.shape, m)``), and the bias likewise: the traces summed over positions here,
     and only here."""
     g_form = _trace_form(g, params, 1, extra=1)                   # (K, m, 1, A, S)
+    m = _state_axis(params, g.ndim - 1)
+    column = lambda a, j: lax.index_in_dim(a, j, axis=m, keepdims=False)
 
     def contract(e):   # -> (K, P)
         # summed over the state axis first: the sum over positions then runs over whole
         # rows (measured 1.5x faster on CPU than one reduction with the state axis inside)
-        product = sum(g_form[:, j] * e[:, j] for j in range(e.shape[1]))
-        return jnp.sum(product, axis=tuple(range(2, product.ndim)))
+        product = sum(column(g_form, j) * column(e, j) for j in range(e.shape[m]))
+        return jnp.sum(product, axis=tuple(a for a in range(product.ndim)
+                                           if a not in (m - 1, m)))
 
     out = {'weight': _kernel_from_taps(contract(trace['weight']), weights['weight'].shape,
                                        params)}
@@ -373,7 +397,8 @@ def _init_drtrl(x_aval, y_aval, weight_avals, m, **params):
     # the trace form of y with unit state and kernel-entry axes, which are then sized
     shape = jax.eval_shape(lambda y: _trace_form(y, params, 0, extra=2),
                            jax.ShapeDtypeStruct(y_aval.shape, y_aval.dtype)).shape
-    trace = lambda taps: jnp.zeros((shape[0], m, taps, *shape[3:]), y_aval.dtype)
+    at = _state_axis(params, len(y_aval.shape))
+    trace = lambda taps: jnp.zeros((*shape[:at], m, taps, *shape[at + 2:]), y_aval.dtype)
     out = {'weight': trace(_taps(weight_avals['weight'].shape, params))}
     if params['has_bias']:
         out['bias'] = trace(1)

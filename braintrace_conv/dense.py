@@ -3,8 +3,8 @@ r"""The dense ETP primitive ``etp_dense_p`` and the ``dense`` wrapper.
 ``y[b, o] = sum_i x[b, i] W[i, o] + beta[o]`` with ``x: (B, in)``,
 ``W: (in, out)``. A dense layer is a convolution with no spatial dimensions
 (input layout ``NC``, kernel ``IO``, output ``NC``), so its ETP rules *are* the
-conv rules at rank 0: the D-RTRL kernel trace is ``(out, m, in, B)`` and the bias
-trace ``(out, m, 1, B)``. Only the forward pass is specialised, to a matrix product.
+conv rules at rank 0: the D-RTRL kernel trace is ``(B, out, m, in)`` and the bias
+trace ``(B, out, m, 1)``. Only the forward pass is specialised, to a matrix product.
 """
 from __future__ import annotations
 

@@ -28,16 +28,16 @@ def float64():
         yield
 
 
-# The kernel trace, as for conv (``conv.py``, ``_trace_form``): ``(OUT, n, IN, B)``, per
+# The kernel trace, as for conv with a channels-last output: ``(B, OUT, n, IN)``, per
 # output element and state one entry per input feature; the bias trace is that of one
-# more input feature, always 1: ``(OUT, n, 1, B)``.
+# more input feature, always 1: ``(B, OUT, n, 1)``. Keep in step with conv.py.
 def trace_shape(n, entries=IN):
-    return (OUT, n, entries, B)
+    return (B, OUT, n, entries)
 
 
 def trace_index(b, o, i, m):
     """Index of the trace entry of output (b, o), input feature i, state m (slices allowed)."""
-    return (o, m, i, b)
+    return (b, o, m, i)
 
 
 def position_block(trace, b, o):
@@ -136,9 +136,11 @@ def test_dense_is_a_one_by_one_conv():
     via_conv = etp_conv_p.rule('xdf_to_trace')(x[:, None], df[:, None], {'weight': w[None],
                                                                           'bias': b},
                                                **conv_params)
-    # the conv's trace has one more axis, its single position
-    np.testing.assert_allclose(ours['weight'], via_conv['weight'][..., 0], **TOL)
-    np.testing.assert_allclose(ours['bias'], via_conv['bias'][..., 0], **TOL)
+    # a conv with positions keeps them minor, (K, m, P, B, S): the one position dropped
+    # and the batch moved to the front, it is the dense trace (B, K, m, P)
+    in_dense_layout = lambda t: jnp.moveaxis(t[..., 0], -1, 0)
+    np.testing.assert_allclose(ours['weight'], in_dense_layout(via_conv['weight']), **TOL)
+    np.testing.assert_allclose(ours['bias'], in_dense_layout(via_conv['bias']), **TOL)
 
 
 # =========================================================================== ETP rules
@@ -170,8 +172,7 @@ def test_xdf_to_trace_is_the_jacobian(bias):
             np.testing.assert_allclose(rebuilt, jac_w * np.asarray(df)[:, :, m, None, None],
                                        **TOL)
         if bias:
-            np.testing.assert_array_equal(np.asarray(trace['bias'])[:, :, 0].transpose(2, 0, 1),
-                                          np.asarray(df))
+            np.testing.assert_array_equal(trace['bias'], np.asarray(df)[..., None])
 
 
 @pytest.mark.parametrize('bias', [True, False])
@@ -217,10 +218,10 @@ def test_yw_to_w_keeps_positions(bias, n):
         weight[trace_index(bb, o, slice(None), slice(None))] = 0
         assert not weight.any()
         if bias:
-            bias_out, one = np.array(out['bias']), trace_index(bb, o, slice(None), slice(None))
-            np.testing.assert_allclose(bias_out[one], block @ np.asarray(trace['bias'])[one],
+            bias_out = np.array(out['bias'])
+            np.testing.assert_allclose(bias_out[bb, o], block @ np.asarray(trace['bias'])[bb, o],
                                        **TOL)   # (n, 1) entries of one output element
-            bias_out[one] = 0
+            bias_out[bb, o] = 0
             assert not bias_out.any()
 
 
