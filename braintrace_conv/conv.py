@@ -17,25 +17,26 @@ state variables of most neurons, see :mod:`braintrace_conv.primitive`) and kerne
 ``P = I_kernel * prod(kernel spatial)`` (channel-major, like the ``(I, *spatial)`` part
 of an ``OI...`` kernel). The bias trace is the trace of one more kernel entry whose
 input is always 1; both are summed over positions only on contraction. Whatever the
-output's layout, they are laid out (:func:`_trace_form`)::
+layout of the output, they are laid out (:func:`_trace_form`)::
 
     kernel trace (K, m, P, A, S)        bias trace (K, m, 1, A, S)
 
 with ``A`` the output's first axis other than ``K`` (the batch, in the usual layouts)
-and ``S`` its other axes flattened (absent for a two-axis output). An output of a batch
-and channels only (a dense layer, :mod:`braintrace_conv.dense`) keeps its own layout,
-``(B, K, m, P)``: there the positions are just the batch, too short to be the minor
-axis. The per-step update
-multiplies ``D`` and ``Df`` (given per output element) into the trace and the
-contraction with ``g`` sums whole rows of positions, so both run over the trace in
-order, with their operands read contiguously along its minor axis ``S``. Measured with
-D-RTRL on a 2-core CPU, this layout was as fast as or faster than keeping a
-channels-last output's own layout ``(..., K, m, P)``, on the standard workload (rows of
-144 and 1152 kernel entries per position, batch 8 to 32) and on the DVS-sized net
-(rows of 800 to 36864 entries: 138 against 936 ms per step). That layout's contraction
-is a column reduction, slow once its accumulator row no longer fits the L1 cache.
-``P`` minor, a flattened batch axis, or the contraction written as a matrix product
-were each slower.
+and ``S`` its other axes flattened. The one exception is an output of a batch and
+channels only (a dense layer, :mod:`braintrace_conv.dense`): its positions are just the
+batch, too short to be the minor axis, and its traces keep the output's layout
+``(B, K, m, P)``.
+
+The per-step update multiplies ``D`` and ``Df`` (given per output element) into the
+trace, and the contraction with ``g`` sums whole rows of positions; both run over the
+trace in order, with their operands read contiguously along its minor axis ``S``
+(channels-last operands are reordered first, :func:`_transposed`). Measured with D-RTRL
+on a 2-core CPU, this layout was as fast as or faster than a channels-last output's own
+layout ``(..., K, m, P)`` on the standard workload (rows of 144 and 1152 kernel entries
+per position, batch 8 to 32) and on the DVS-sized net (rows of 800 to 36864 entries:
+138 against 936 ms per step), whose contraction is a column reduction, slow once its
+accumulator row no longer fits in the L1 cache. ``P`` minor, a flattened batch axis, or
+the contraction written as a matrix product were each slower.
 """
 from __future__ import annotations
 
