@@ -255,7 +255,7 @@ def _trace_form(a, params, n_state_axes: int, extra: int = 0):
     if _entries_minor(params, rank):
         return a.reshape(*a.shape, *(1,) * extra)
     order = (c, *range(rank, a.ndim), *(i for i in range(rank) if i != c))
-    a = _transposed(a, order) if c == a.ndim - 1 - n_state_axes else jnp.transpose(a, order)
+    a = _transposed(a, order) if c == rank - 1 else jnp.transpose(a, order)
     if rank > 2:
         a = a.reshape(*a.shape[:2 + n_state_axes], -1)
     return a.reshape(*a.shape[:1 + n_state_axes], *(1,) * extra, *a.shape[1 + n_state_axes:])
