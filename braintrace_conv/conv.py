@@ -17,26 +17,27 @@ state variables of most neurons, see :mod:`braintrace_conv.primitive`) and kerne
 ``P = I_kernel * prod(kernel spatial)`` (channel-major, like the ``(I, *spatial)`` part
 of an ``OI...`` kernel). The bias trace is the trace of one more kernel entry whose
 input is always 1; both are summed over positions only on contraction. Whatever the
-layout of the output, they are laid out (:func:`_trace_form`)::
+layout of the output, they are stored as (:func:`_merged`)::
 
-    kernel trace (K, m, P, A, S)        bias trace (K, m, 1, A, S)
+    kernel trace (K m, P, N)        bias trace (K m, 1, N)
 
-with ``A`` the output's first axis other than ``K`` (the batch, in the usual layouts)
-and ``S`` its other axes flattened. The one exception is an output of a batch and
-channels only (a dense layer, :mod:`braintrace_conv.dense`): its positions are just the
-batch, too short to be the minor axis, and its traces keep the output's layout
-``(B, K, m, P)``.
+with row ``k m + j`` for channel ``k`` and state ``j``, and ``N`` the output's axes
+other than ``K`` (the batch first, in the usual layouts) flattened in order. The one
+exception is an output of a batch and channels only (a dense layer,
+:mod:`braintrace_conv.dense`): its positions are just the batch, too short to be the
+minor axis, and its traces keep the output's layout ``(B, K, m, P)``.
 
 The per-step update multiplies ``D`` and ``Df`` (given per output element) into the
-trace, and the contraction with ``g`` sums whole rows of positions; both run over the
-trace in order, with their operands read contiguously along its minor axis ``S``
-(channels-last operands are reordered first, :func:`_transposed`). Measured with D-RTRL
-on a 2-core CPU, this layout was as fast as or faster than a channels-last output's own
-layout ``(..., K, m, P)`` on the standard workload (rows of 144 and 1152 kernel entries
-per position, batch 8 to 32) and on the DVS-sized net (rows of 800 to 36864 entries:
-138 against 936 ms per step), whose contraction is a column reduction, slow once its
-accumulator row no longer fits in the L1 cache. ``P`` minor, a flattened batch axis, or
-the contraction written as a matrix product were each slower.
+trace, with its operands first brought into the trace's order (:func:`_transposed`),
+so that it runs over the trace in order. The contraction with ``g`` is one
+matrix-vector product per row, ``(P, N) @ (N,)``, batched over the rows. Measured
+with D-RTRL on a 2-core CPU against the sum of the broadcast product over a
+``(K, m, P, A, S)`` layout: 0.77-0.90x the step time on the reset-after-spike
+standard workload (channels last), 0.87x on the channels-last DVS-sized net, 0.95x on
+the channels-first one, and 0.90-1.01x on the standard workload with this library's
+channels-first layers. Before that, a channels-last output's own layout ``(..., K, m,
+P)`` had measured up to 6.8x slower on the DVS-sized net, whose contraction is then a
+column reduction.
 """
 from __future__ import annotations
 
@@ -178,16 +179,16 @@ def _window_copies(x, window, params, lhs_spec):
 
 
 def _patches(x, kernel_shape, y_shape, params):
-    """Receptive-field patches in the layout of a kernel trace (:func:`_trace_form`),
-    ``(G, 1, P, A, S)``: a channel axis of one entry per group (broadcast over the
-    group's channels) and a unit state axis. Entry ``p`` of an output element is the
+    """Receptive-field patches in the layout of a kernel-trace term (:func:`_trace_form`),
+    ``(G, 1, P, N)``: a channel axis of one entry per group (broadcast over the group's
+    channels) and a unit state axis. Entry ``p`` of an output element is the
     input value it sees under kernel entry ``p`` (input channel within the group and
     tap, channel-major), pooled like the output if a pooling is folded in."""
     dn = params['dimension_numbers']
     lhs_spec = dn.lhs_spec
-    if lhs_spec[1] == x.ndim - 1 and not _entries_minor(params, len(y_shape)):
-        # channels first before the taps are stacked, so that the patches come out in
-        # the trace's order rather than transposed inside its update
+    if lhs_spec[1] != 0 and not _entries_minor(params, len(y_shape)):
+        # channel axis first before the taps are stacked, so that the patches come out
+        # in the trace's order rather than transposed inside its update
         order = (lhs_spec[1], *(i for i in range(x.ndim) if i != lhs_spec[1]))
         x = _transposed(x, order)
         lhs_spec = tuple(order.index(i) for i in lhs_spec)
@@ -213,7 +214,7 @@ def _patches(x, kernel_shape, y_shape, params):
     if _entries_minor(params, len(y_shape)):
         return in_y                                           # (B, G, 1, P)
     in_y = jnp.moveaxis(in_y, (c, c + 1, c + 2), (0, 1, 2))   # (G, 1, P, *other axes)
-    return in_y.reshape(*in_y.shape[:4], -1) if in_y.ndim > 4 else in_y
+    return in_y.reshape(*in_y.shape[:3], -1)
 
 def _taps(kernel_shape, params) -> int:
     """``P``: kernel entries per output channel (input channels of a group x taps)."""
@@ -246,31 +247,41 @@ def _state_axis(params, y_ndim: int) -> int:
 
 
 def _trace_form(a, params, n_state_axes: int, extra: int = 0):
-    """``(*y.shape, *state)`` -> ``(K, *state, *(1,) * extra, A, S)``, the layout of the
-    traces (module docstring): ``A`` the first axis of ``y`` other than its channel axis
-    ``K``, ``S`` the others flattened (absent when ``y`` has two axes); a dense layer's
-    ``(B, K, *state, *(1,) * extra)``."""
+    """``(*y.shape, *state)`` -> ``(K, *state, *(1,) * extra, N)``, the layout the rules
+    compute the trace terms in (module docstring): ``N`` the axes of ``y`` other than its
+    channel axis ``K``, flattened in order; a dense layer's ``(B, K, *state, *(1,) *
+    extra)``."""
     c = params['dimension_numbers'].out_spec[1]
     rank = a.ndim - n_state_axes
     if _entries_minor(params, rank):
         return a.reshape(*a.shape, *(1,) * extra)
     order = (c, *range(rank, a.ndim), *(i for i in range(rank) if i != c))
-    a = _transposed(a, order) if c == rank - 1 else jnp.transpose(a, order)
-    if rank > 2:
-        a = a.reshape(*a.shape[:2 + n_state_axes], -1)
-    return a.reshape(*a.shape[:1 + n_state_axes], *(1,) * extra, *a.shape[1 + n_state_axes:])
+    a = _transposed(a, order) if c != 0 else jnp.transpose(a, order)
+    return a.reshape(*a.shape[:1 + n_state_axes], *(1,) * extra, -1)
+
+
+def _merged(a, params, y_ndim: int):
+    """A trace term ``(K, m, P, N)`` -> the stored trace ``(K m, P, N)`` (row ``k m + j``
+    for channel ``k`` and state ``j``); a dense layer's term is stored as it is."""
+    return a if _entries_minor(params, y_ndim) else a.reshape(-1, *a.shape[2:])
+
+
+def _split(trace, params, y_ndim: int, m: int):
+    """The stored trace -> ``(K, m, P, N)``; the inverse of :func:`_merged`."""
+    return trace if _entries_minor(params, y_ndim) else trace.reshape(-1, m, *trace.shape[1:])
 
 
 def _transposed(a, order):
     """``jnp.transpose(a, order)`` computed into an array of its own, for an ``order``
-    that brings the channel axis of a channels-last ``a`` (its minor axis, or the one
-    before its state axes) to the front.
+    that brings the channel axis of ``a`` (not its first axis) to the front.
 
     XLA's CPU backend fuses a transpose into its consumer (and drops optimization
-    barriers). Fused into a trace update, one that moves the minor axis turns the loop
-    over the trace into strided, unvectorised reads of the operand: measured on the
-    channels-last DVS-sized net, the update of a 288 MiB trace took 4-6x as long as
-    with the operand already in the trace's order. The axis is therefore moved by a
+    barriers). Fused into a trace update, a transpose slows the loop over the trace: one
+    that moves the minor axis turns it into strided, unvectorised reads of the operand
+    (measured on the channels-last DVS-sized net, the update of a 288 MiB trace took
+    4-6x as long as with the operand already in the trace's order), and any other
+    needs an index division per entry of the trace's flattened positions (measured on
+    the channels-first standard workload, 2-2.5x as long). The axis is therefore moved by a
     product with the identity matrix, which XLA computes on its own. The product is
     exact (each output is one input times 1 plus zeros) unless ``a`` holds an infinity
     or a NaN, which then spreads along the moved axis.
@@ -283,26 +294,35 @@ def _transposed(a, order):
 
 
 # --------------------------------------------------------------------------- ETP rules
-# D-RTRL traces, in the layout of :func:`_trace_form`: the kernel trace ``(K, m, P, A,
-# S)`` and the bias trace ``(K, m, 1, A, S)``, the latter being the trace of one more
-# kernel entry whose input is always 1 (with a folded pooling, the pooled count).
+# D-RTRL traces (module docstring): the kernel trace ``(K m, P, N)`` and the bias trace
+# ``(K m, 1, N)``, the latter being the trace of one more kernel entry whose input is
+# always 1 (with a folded pooling, the pooled count). The rules compute on ``(K, m, P,
+# N)`` (:func:`_split`, :func:`_merged`).
 def _yw_to_w(D, trace, **params):
     """Apply ``D^t`` (``(*y.shape, m, m)``) to the traces, element by element."""
-    D_form = _trace_form(D, params, 2, extra=1)                   # (K, m, m, 1, A, S)
-    m = _state_axis(params, D.ndim - 2)
+    y_ndim, n = D.ndim - 2, D.shape[-1]
+    D_form = _trace_form(D, params, 2, extra=1)                   # (K, m, m, 1, N)
+    if n == 1 and not _entries_minor(params, y_ndim):
+        # one state: scaled as stored, so that XLA updates the trace in place (a reshape
+        # of the trace inside the update made it write a new one and copy it back)
+        d = D_form.reshape(D_form.shape[0], 1, -1)                # (K, 1, N)
+        return {slot: d * e for slot, e in trace.items()}
+    m = _state_axis(params, y_ndim)
     # out[i] = sum_j D[i, j] E[j], written as a sum of broadcast products (a reduction
     # over the middle state axis made XLA's CPU backend crash in jaxlib 0.10)
     apply = lambda e: sum(lax.index_in_dim(D_form, j, axis=m + 1, keepdims=False)
                           * lax.slice_in_dim(e, j, j + 1, axis=m)
-                          for j in range(D.shape[-1]))
-    return {slot: apply(e) for slot, e in trace.items()}
+                          for j in range(n))
+    return {slot: _merged(apply(_split(e, params, y_ndim, n)), params, y_ndim)
+            for slot, e in trace.items()}
 
 
 def _xdf_to_trace(x, Df, weights, **params):
     """Instantaneous term ``E[k, j, p] = Df^t[k, j] * patch[k, p]`` per output element and
     cut value ``j``, for ``Df^t`` of shape ``(*y.shape, m)`` (with a folded pooling, the
     pooled patch)."""
-    Df_form = _trace_form(Df, params, 1, extra=1)                 # (K, m, 1, A, S)
+    y_ndim = Df.ndim - 1
+    Df_form = _trace_form(Df, params, 1, extra=1)                 # (K, m, 1, N)
     patches = _patches(x, weights['weight'].shape, Df.shape[:-1], params)
     out = {'weight': Df_form * patches.astype(Df_form.dtype)}
     if params['has_bias']:
@@ -312,23 +332,34 @@ def _xdf_to_trace(x, Df, weights, **params):
             count = _pool(jnp.ones(_unpooled_shape(x, weights, params), Df.dtype),
                           params['pool'])
             out['bias'] = _trace_form(Df * count[..., None], params, 1, extra=1)
-    return out
+    return {slot: _merged(e, params, y_ndim) for slot, e in out.items()}
 
 
 def _trace_to_dw(trace, g, weights, **params):
     """``dK[k, p] = sum_{b,s,j} g[b,s,k,j] E[b,s,k,j,p]`` for the learning signal ``g``
     (``(*y.shape, m)``), and the bias likewise: the traces summed over positions here,
     and only here."""
-    g_form = _trace_form(g, params, 1, extra=1)                   # (K, m, 1, A, S)
-    m = _state_axis(params, g.ndim - 1)
-    column = lambda a, j: lax.index_in_dim(a, j, axis=m, keepdims=False)
+    y_ndim, n = g.ndim - 1, g.shape[-1]
+    g_form = _trace_form(g, params, 1)                            # (K, m, N)
+    if _entries_minor(params, y_ndim):
+        # (B, K, m, P) against (B, K, m): summed over the state axis first, so that the
+        # sum over the batch runs over whole rows
+        contract = lambda e: jnp.sum(sum(g_form[..., j, None] * e[..., j, :]
+                                         for j in range(n)), axis=0)
+    else:
+        # one matrix-vector product per row (channel, state) of the trace. On CPU it ran
+        # 1.7-2.7x faster than the sum of the broadcast product, which XLA reduces on
+        # one thread. It reads the stored trace itself: with a reshape in between, XLA
+        # computed the update a second time for it and copied the old trace.
+        rows = g_form.reshape(-1, g_form.shape[-1])               # (K m, N)
 
-    def contract(e):   # -> (K, P)
-        # summed over the state axis first: the sum over positions then runs over whole
-        # rows (measured 1.5x faster on CPU than one reduction with the state axis inside)
-        product = sum(column(g_form, j) * column(e, j) for j in range(e.shape[m]))
-        return jnp.sum(product, axis=tuple(a for a in range(product.ndim)
-                                           if a not in (m - 1, m)))
+        def contract(e):   # (K m, P, N) -> (K, P)
+            dtype = jnp.result_type(e, rows)
+            per_row = lax.dot_general(e, rows, (((2,), (1,)), ((0,), (0,))),
+                                      precision=lax.Precision.HIGHEST,
+                                      preferred_element_type=jnp.promote_types(
+                                          dtype, jnp.float32))
+            return per_row.reshape(-1, n, e.shape[1]).sum(axis=1).astype(dtype)
 
     out = {'weight': _kernel_from_taps(contract(trace['weight']), weights['weight'].shape,
                                        params)}
@@ -399,7 +430,8 @@ def _init_drtrl(x_aval, y_aval, weight_avals, m, **params):
     shape = jax.eval_shape(lambda y: _trace_form(y, params, 0, extra=2),
                            jax.ShapeDtypeStruct(y_aval.shape, y_aval.dtype)).shape
     at = _state_axis(params, len(y_aval.shape))
-    trace = lambda taps: jnp.zeros((*shape[:at], m, taps, *shape[at + 2:]), y_aval.dtype)
+    trace = lambda taps: _merged(jnp.zeros((*shape[:at], m, taps, *shape[at + 2:]),
+                                           y_aval.dtype), params, len(y_aval.shape))
     out = {'weight': trace(_taps(weight_avals['weight'].shape, params))}
     if params['has_bias']:
         out['bias'] = trace(1)

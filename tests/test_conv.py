@@ -521,10 +521,10 @@ def rule_case(name):
     return cfg, x, k, b, params, weights, jac_k, jac_b
 
 
-# Layout of the position-resolved kernel trace (conv.py, ``_trace_form``): per output
+# Layout of the position-resolved kernel trace (conv.py, ``_merged``): per output
 # element and state variable ``m``, one entry per kernel entry ``p`` (``(I, *kernel
-# spatial)`` flattened, channel-major), as ``(K, n, P, A, S)``: ``A`` the output's first
-# axis other than the channel, ``S`` its other axes flattened (absent for two axes).
+# spatial)`` flattened, channel-major), as ``(K n, P, N)``: row ``k n + m``, ``N`` the
+# output's axes other than the channel, flattened in order.
 def _other_axes(cfg: Cfg):
     c = cfg.dn.out_spec[1]
     return [i for i in range(len(cfg.y_shape)) if i != c]
@@ -533,31 +533,32 @@ def _other_axes(cfg: Cfg):
 def trace_shape(cfg: Cfg, n, taps=None):
     """Shape of the kernel trace (of the bias trace, one kernel entry: ``taps=1``)."""
     taps = cfg.in_ch // cfg.feature_group_count * math.prod(cfg.ksize) if taps is None else taps
-    y, others = cfg.y_shape, [cfg.y_shape[i] for i in _other_axes(cfg)]
-    return (y[cfg.dn.out_spec[1]], n, taps, others[0],
-            *((math.prod(others[1:]),) if len(others) > 1 else ()))
+    y = cfg.y_shape
+    return (y[cfg.dn.out_spec[1]] * n, taps, math.prod(y[i] for i in _other_axes(cfg)))
 
 
-def trace_index(cfg: Cfg, y_index, p, m):
+def trace_index(cfg: Cfg, y_index, p, m, n):
     """Index of the trace entry of output element ``y_index`` (user layout), kernel entry
-    ``p`` and state ``m``; ``p`` and ``m`` may be slices."""
+    ``p`` and state ``m`` of ``n``; ``p`` may be a slice, ``m`` an int or ``slice(None)``."""
     axes = _other_axes(cfg)
-    flat = ((int(np.ravel_multi_index([y_index[i] for i in axes[1:]],
-                                      [cfg.y_shape[i] for i in axes[1:]])),)
-            if len(axes) > 1 else ())
-    return (y_index[cfg.dn.out_spec[1]], m, p, y_index[axes[0]], *flat)
+    flat = int(np.ravel_multi_index([y_index[i] for i in axes],
+                                    [cfg.y_shape[i] for i in axes]))
+    k = y_index[cfg.dn.out_spec[1]]
+    rows = slice(k * n, (k + 1) * n) if isinstance(m, slice) else k * n + m
+    return (rows, p, flat)
 
 
 def position_block(trace, cfg: Cfg, y_index):
     """The ``(P, n)`` trace entries of one output element."""
-    return trace[trace_index(cfg, y_index, slice(None), slice(None))].T
+    n = trace.shape[0] // cfg.y_shape[cfg.dn.out_spec[1]]
+    return trace[trace_index(cfg, y_index, slice(None), slice(None), n)].T
 
 
 def bias_trace_in_y_layout(trace, cfg: Cfg, n):
     """A bias trace (the trace of one kernel entry) as ``(*y.shape, n)``."""
     trace, out = np.asarray(trace), np.zeros(cfg.y_shape + (n,))
     for y_index in y_entries(cfg):
-        out[y_index] = trace[trace_index(cfg, y_index, 0, slice(None))]
+        out[y_index] = trace[trace_index(cfg, y_index, 0, slice(None), n)]
     return out
 
 
@@ -608,7 +609,7 @@ def test_xdf_to_trace_is_the_jacobian(name):
             rebuilt = np.zeros_like(jac_k)
             for p, y_index, k_index in canonical_entries(cfg):
                 assert rebuilt[y_index + k_index] == 0
-                rebuilt[y_index + k_index] = trace_k[trace_index(cfg, y_index, p, m)]
+                rebuilt[y_index + k_index] = trace_k[trace_index(cfg, y_index, p, m, n)]
             scaled = jac_k * df_np[..., m].reshape(y_shape + (1,) * k.ndim)
             np.testing.assert_allclose(rebuilt, scaled, **TOL)
         if b is not None:
@@ -669,14 +670,14 @@ def test_yw_to_w_keeps_positions(name, n):
         weight = np.array(out['weight'])
         before = position_block(np.asarray(trace['weight']), cfg, y_index)   # (P, n)
         np.testing.assert_allclose(position_block(weight, cfg, y_index), before @ block.T, **TOL)
-        weight[trace_index(cfg, y_index, slice(None), slice(None))] = 0
+        weight[trace_index(cfg, y_index, slice(None), slice(None), n)] = 0
         assert not weight.any()
         if b is not None:
             bias = np.array(out['bias'])
             before = position_block(np.asarray(trace['bias']), cfg, y_index)      # (1, n)
             np.testing.assert_allclose(position_block(bias, cfg, y_index), before @ block.T,
                                        **TOL)
-            bias[trace_index(cfg, y_index, slice(None), slice(None))] = 0
+            bias[trace_index(cfg, y_index, slice(None), slice(None), n)] = 0
             assert not bias.any()
 
 

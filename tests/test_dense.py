@@ -136,9 +136,10 @@ def test_dense_is_a_one_by_one_conv():
     via_conv = etp_conv_p.rule('xdf_to_trace')(x[:, None], df[:, None], {'weight': w[None],
                                                                           'bias': b},
                                                **conv_params)
-    # a conv with positions keeps them minor, (K, m, P, B, S): the one position dropped
-    # and the batch moved to the front, it is the dense trace (B, K, m, P)
-    in_dense_layout = lambda t: jnp.moveaxis(t[..., 0], -1, 0)
+    # a conv with positions keeps them minor, (K m, P, N): here N = B (one position per
+    # sample); split the rows and move the batch to the front, it is the dense trace
+    # (B, K, m, P)
+    in_dense_layout = lambda t: jnp.moveaxis(t.reshape(OUT, 2, *t.shape[1:]), -1, 0)
     np.testing.assert_allclose(ours['weight'], in_dense_layout(via_conv['weight']), **TOL)
     np.testing.assert_allclose(ours['bias'], in_dense_layout(via_conv['bias']), **TOL)
 
