@@ -216,6 +216,7 @@ def _patches(x, kernel_shape, y_shape, params):
     in_y = jnp.moveaxis(in_y, (c, c + 1, c + 2), (0, 1, 2))   # (G, 1, P, *other axes)
     return in_y.reshape(*in_y.shape[:3], -1)
 
+
 def _taps(kernel_shape, params) -> int:
     """``P``: kernel entries per output channel (input channels of a group x taps)."""
     in_channels = kernel_shape[params['dimension_numbers'].rhs_spec[1]]
@@ -281,8 +282,8 @@ def _transposed(a, order):
     (measured on the channels-last DVS-sized net, the update of a 288 MiB trace took
     4-6x as long as with the operand already in the trace's order), and any other
     needs an index division per entry of the trace's flattened positions (measured on
-    the channels-first standard workload, 2-2.5x as long). The axis is therefore moved by a
-    product with the identity matrix, which XLA computes on its own. The product is
+    the channels-first standard workload, 2-2.5x as long). The axis is therefore moved
+    by a product with the identity matrix, which XLA computes on its own. The product is
     exact (each output is one input times 1 plus zeros) unless ``a`` holds an infinity
     or a NaN, which then spreads along the moved axis.
     """
@@ -436,6 +437,7 @@ def _init_drtrl(x_aval, y_aval, weight_avals, m, **params):
     if params['has_bias']:
         out['bias'] = trace(1)
     return out
+
 
 def _init_pp(x_aval, y_aval, weight_avals, m, **params):
     return jnp.zeros((*y_aval.shape, m), y_aval.dtype)

@@ -743,8 +743,9 @@ def test_trace_patches_are_exact_copies_of_x():
 
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16, jnp.float64])
 def test_channel_axis_moved_by_the_identity_is_an_exact_transpose(dtype):
-    """Channels-last factors reach the trace update through a product with the identity
-    (``conv._transposed``); it must equal the transpose bit for bit on finite values."""
+    """Factors whose channel axis is not first reach the trace update through a product
+    with the identity (``conv._transposed``); it must equal the transpose bit for bit on
+    finite values."""
     from braintrace_conv.conv import _transposed
     rng = np.random.default_rng(0)
     a = rng.normal(size=(3, 5, 4, 7, 2)) * 10.0 ** rng.integers(-30, 30, size=(3, 5, 4, 7, 2))
