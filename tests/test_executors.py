@@ -331,6 +331,39 @@ def test_finite_windows_equal_one_call(make):
         assert rel_err(acc[key], grads_all[key]) < 1e-10
 
 
+@pytest.mark.parametrize('make', [bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, 0.9)],
+                         ids=['d-rtrl', 'es-d-rtrl'])
+def test_a_call_from_zero_traces_reuses_the_last_calls_buffers(make):
+    """A call that starts from zero traces runs in the last call's trace buffers (donated,
+    so that no call writes fresh memory): after a whole-sequence call, after advance()
+    chunks, under an outer jax.jit and after a batch-size change, its gradients are those
+    of a fresh learner."""
+    model = TwoVariable(chained=True)
+    rng = np.random.default_rng(6)
+    xs = jnp.asarray(rng.normal(size=(6, 2, 3, 8)))
+    targets = jnp.asarray(rng.normal(size=(6, 2, 2)))
+    learner = make(model)
+    _, want = make(TwoVariable(chained=True)).value_and_grad(sin_loss, xs, targets)
+
+    def check(grads):
+        for key in want:
+            assert rel_err(grads[key], want[key]) < 1e-12, key
+
+    check(learner.value_and_grad(sin_loss, xs, targets)[1])
+    traces = jax.tree.leaves(learner._carry[1])
+    check(learner.value_and_grad(sin_loss, xs, targets)[1])
+    assert traces and all(a.is_deleted() for a in traces), 'the buffers were not reused'
+    learner.reset(2)
+    learner.advance(sin_loss, xs[:3], targets[:3])
+    learner.advance(sin_loss, xs[3:], targets[3:])
+    check(learner.value_and_grad(sin_loss, xs, targets)[1])
+    check(jax.jit(lambda a, b: learner.value_and_grad(sin_loss, a, b)[1])(xs, targets))
+    check(learner.value_and_grad(sin_loss, xs, targets)[1])     # the carry held tracers
+    learner.value_and_grad(sin_loss, jnp.concatenate([xs, xs], 1),
+                           jnp.concatenate([targets, targets], 1))
+    check(learner.value_and_grad(sin_loss, xs, targets)[1])
+
+
 def test_es_time_index_counts_steps_not_calls():
     model = LinearLeaky(0.8)
     rng = np.random.default_rng(7)

@@ -144,8 +144,8 @@ class Learner(abc.ABC):
             self._batch = batch
         step, prepared = self._capture(xs)
         hidden = step.hidden_leaves()
-        return self._call(step, prepared, loss_fn, hidden, self._init_state(prepared, hidden), xs,
-                          targets, return_outputs)
+        return self._call(step, prepared, loss_fn, hidden, self._state_buffers(prepared, hidden),
+                          xs, targets, return_outputs, keep=False)
 
     def reset(self, batch_size: int) -> None:
         """Start a new online run: fresh hidden states and zero traces."""
@@ -172,7 +172,8 @@ class Learner(abc.ABC):
         if self._carry is None:
             hidden = step.hidden_leaves()
             self._carry = (hidden, self._init_state(prepared, hidden))
-        return self._call(step, prepared, loss_fn, *self._carry, xs, targets, return_outputs)
+        return self._call(step, prepared, loss_fn, *self._carry, xs, targets, return_outputs,
+                          keep=True)
 
     def predict(self, xs, *, reset: bool = True, observe: Callable | None = None):
         """Forward pass only.
@@ -220,7 +221,7 @@ class Learner(abc.ABC):
         step, prepared = self._capture(xs)
         hidden = step.hidden_leaves()
         return self._jitted(prepared, loss_fn, False).lower(
-            step.param_leaves(), hidden, self._init_state(prepared, hidden), xs, targets)
+            step.param_leaves(), hidden, self._init_state(prepared, hidden), False, xs, targets)
 
     def report(self) -> Report:
         """How each parameter's gradient is computed and the trace memory, for the
@@ -259,12 +260,38 @@ class Learner(abc.ABC):
         return step
 
     def _jitted(self, prepared, loss_fn, return_outputs):
+        """The compiled sequence ``(params, hidden, state, keep, xs, targets)``.
+
+        ``state`` is donated: the algorithm's state (D-RTRL's traces, up to
+        gigabytes) is advanced in the buffers it arrives in and returned in them.
+        With ``keep`` false it starts at zero, so a call that resets passes the
+        last call's buffers (:meth:`_state_buffers`). Memory the process has not
+        written yet costs a page fault per page at its first write; on the
+        DVS-sized net, zero traces in fresh memory cost more per call than several
+        steps (``docs/benchmarks.md``)."""
         key = (id(prepared), loss_fn, return_outputs)
         if key not in self._compiled:
-            self._compiled[key] = jax.jit(
-                lambda p, h, s, xs, ts: self._sequence(prepared, loss_fn, p, h, s, xs, ts,
-                                                       return_outputs))
+            def run(p, h, s, keep, xs, ts):
+                s = jax.tree.map(lambda a: jnp.where(keep, a, jnp.zeros((), a.dtype)), s)
+                return self._sequence(prepared, loss_fn, p, h, s, xs, ts, return_outputs)
+            self._compiled[key] = jax.jit(run, donate_argnums=2)
         return self._compiled[key]
+
+    def _state_buffers(self, prepared, hidden):
+        """Buffers for a call that starts from zero state: the last call's state when it
+        has this call's shapes and dtypes (the call zeroes and overwrites it), else
+        fresh zeros."""
+        if self._carry is not None:
+            last = self._carry[1]
+            fresh = jax.eval_shape(lambda h: self._init_state(prepared, h), hidden)
+            as_spec = lambda a: (jnp.shape(a), jnp.result_type(a))
+            same = (jax.tree.structure(last) == jax.tree.structure(fresh)
+                    and jax.tree.map(as_spec, last) == jax.tree.map(as_spec, fresh))
+            if same and all(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+                            and not a.is_deleted() for a in jax.tree.leaves(last)):
+                self._carry = None      # the buffers are donated to this call
+                return last
+        return self._init_state(prepared, hidden)
 
     def _check_loss(self, step: StepJaxpr, loss_fn: Callable, targets) -> None:
         """Evaluate ``loss_fn`` on one step's abstract output and target, so that targets
@@ -285,10 +312,10 @@ class Learner(abc.ABC):
                              f'time first, e.g. labels (T, B)): {err}') from err
         self._checked_losses.add(key)
 
-    def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs):
+    def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs, keep):
         self._check_loss(step, loss_fn, targets)
         loss, grads, hidden, state, outs = self._jitted(prepared, loss_fn, return_outputs)(
-            step.param_leaves(), hidden, state, xs, targets)
+            step.param_leaves(), hidden, state, keep, xs, targets)
         step.write_hidden(hidden)
         self._carry = (hidden, state)
         grads = step.grads_tree(grads)
