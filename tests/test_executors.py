@@ -364,6 +364,23 @@ def test_a_call_from_zero_traces_reuses_the_last_calls_buffers(make):
     check(learner.value_and_grad(sin_loss, xs, targets)[1])
 
 
+def test_es_decay_inference_inside_jit_is_a_clear_error():
+    """Inferred decays need concrete values: inside an outer jax.jit the first call says so;
+    once inferred by a call outside, the jitted call gives the same gradients."""
+    model = LinearLeaky(0.8)
+    rng = np.random.default_rng(7)
+    xs = jnp.asarray(rng.normal(size=(4, 2, 8, 8, 2)))
+    targets = jnp.asarray(rng.normal(size=(4, 2, 4, 4, 5)))
+    learner = bc.ES_D_RTRL(model)
+    jitted = jax.jit(lambda a, b: learner.value_and_grad(sin_loss, a, b)[1])
+    with pytest.raises(ValueError, match='abstract inside jax.jit.*decay='):
+        jitted(xs, targets)
+    _, want = learner.value_and_grad(sin_loss, xs, targets)
+    got = jitted(xs, targets)
+    for key in want:
+        assert rel_err(got[key], want[key]) < 1e-12, key
+
+
 def test_es_time_index_counts_steps_not_calls():
     model = LinearLeaky(0.8)
     rng = np.random.default_rng(7)

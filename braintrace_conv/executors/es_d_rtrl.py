@@ -102,7 +102,13 @@ class ES_D_RTRL(OnlineLearner):
                               s0.release, hold_custom=True)
             return s1.D, s1.Df
 
-        D, Df = jax.jit(two_steps)(step.hidden_leaves())
+        hidden = step.hidden_leaves()
+        if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((params, hidden))):
+            raise ValueError('ES_D_RTRL(model) infers its decays from the model\'s parameters '
+                             'and initial state, which are abstract inside jax.jit: call the '
+                             'learner outside jax.jit (it compiles its own calls), make its '
+                             'first call outside, or pass ES_D_RTRL(model, decay=...).')
+        D, Df = jax.jit(two_steps)(hidden)
         decays = {}
         for k in grouped:
             op = graph.ops[k]
