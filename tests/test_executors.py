@@ -364,6 +364,61 @@ def test_a_call_from_zero_traces_reuses_the_last_calls_buffers(make):
     check(learner.value_and_grad(sin_loss, xs, targets)[1])
 
 
+def test_rules_that_return_shared_or_kept_arrays_for_zero_traces():
+    """Trace buffers are donated to each call, so they are the learner's own: an init rule
+    may return one array for two traces, or an array it keeps between calls."""
+    kept = jnp.zeros((2, 3, 4, 1))
+
+    def init_drtrl(x_aval, y_aval, weight_avals, m):
+        zeros = jnp.zeros(y_aval.shape + (m,), y_aval.dtype)
+        return {'weight': zeros, 'bias': zeros}
+
+    def init_pp(x_aval, y_aval, weight_avals, m):
+        return kept
+
+    gain_p = register_primitive('shared_zeros_gain', lambda x, w, b: x * w + b,
+                                trainable_invars_fn=lambda params: {'weight': 1, 'bias': 2},
+                                x_invar_index=0)
+    gain_p.register_etp_rules(
+        init_drtrl=init_drtrl, init_pp=init_pp,
+        yw_to_w=lambda D, tr: {k: bc.extend.apply_state_jacobian(D, e) for k, e in tr.items()},
+        xdf_to_trace=lambda x, Df, w: {'weight': Df * x[..., None], 'bias': Df},
+        trace_to_dw=lambda tr, g, w: {k: jnp.sum(g * e, axis=(0, -1)) for k, e in tr.items()},
+        xy_to_dw=lambda x, ct, w: bc.extend.weight_vjp(gain_p, [x, w['weight'], w['bias']], ct))
+
+    class Gain(brainstate.nn.Module):
+        def __init__(self):
+            super().__init__()
+            rng = np.random.default_rng(3)
+            self.w = brainstate.ParamState(jnp.asarray(1 + 0.3 * rng.normal(size=(3, 4))))
+            self.b = brainstate.ParamState(jnp.asarray(0.1 * rng.normal(size=(3, 4))))
+
+        def init_state(self, batch_size=None, **kw):
+            self.h = brainstate.HiddenState(jnp.zeros((batch_size, 3, 4)))
+
+        def update(self, x):
+            self.h.value = 0.7 * jnp.tanh(self.h.value) + gain_p.bind(x, self.w.value,
+                                                                       self.b.value)
+            return self.h.value
+
+    model = Gain()
+    rng = np.random.default_rng(4)
+    xs = jnp.asarray(rng.normal(size=(5, 2, 3, 4)))
+    targets = jnp.asarray(rng.normal(size=(5, 2, 3, 4)))
+    for learner in (bc.D_RTRL(model), bc.ES_D_RTRL(model, 0.7)):
+        if learner.algorithm == 'D-RTRL':
+            first = assert_matches_bptt(model, learner, xs, targets, sin_loss)[0]
+        else:
+            first = learner.value_and_grad(sin_loss, xs, targets)[1]
+        again = learner.value_and_grad(sin_loss, xs, targets)[1]
+        learner.reset(2)
+        chunk = learner.advance(sin_loss, xs, targets)[1]
+        for key in first:
+            assert rel_err(again[key], first[key]) < 1e-12, key
+            assert rel_err(chunk[key], first[key]) < 1e-12, key
+    assert not kept.is_deleted()
+
+
 def test_es_decay_inference_inside_jit_is_a_clear_error():
     """Inferred decays need concrete values: inside an outer jax.jit the first call says so;
     once inferred by a call outside, the jitted call gives the same gradients."""

@@ -322,6 +322,8 @@ class Learner(abc.ABC):
         return (loss, grads, outs) if return_outputs else (loss, grads)
 
     def _init_state(self, prepared, hidden):
+        """The algorithm's state at the start of a run, all zeros, in new arrays (one per
+        leaf: the state is donated to the call)."""
         return ()
 
     @abc.abstractmethod
@@ -614,13 +616,18 @@ class OnlineLearner(Learner):
 
     def op_trace_zeros(self, graph: StepGraph, k: int, rule: str):
         """Grouped op ``k``'s ``rule`` (``'init_drtrl'`` or ``'init_pp'``): zeros of its
-        traces for its shapes in the trace dtype and its group's cut size ``m``."""
+        traces for its shapes in the trace dtype and its group's cut size ``m``.
+
+        The rule gives the layout only (it is evaluated for shapes); the zeros are new
+        arrays, one per trace, because trace buffers are donated to each call: a rule
+        may return one array for two traces, or an array it keeps."""
         op, dtype = graph.ops[k], self.dtype(graph)
         as_dtype = lambda a: jax.ShapeDtypeStruct(a.shape, dtype)
-        return op.primitive.rule(rule)(
+        layout = jax.eval_shape(lambda: op.primitive.rule(rule)(
             as_dtype(op.x_aval), as_dtype(op.y_aval),
             {name: as_dtype(a) for name, a in op.weight_avals.items()},
-            graph.groups[op.group].m, **op.params)
+            graph.groups[op.group].m, **op.params))
+        return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), layout)
 
     def op_weights(self, graph: StepGraph, k: int, weights):
         """Op ``k``'s weight operands in the trace dtype (its rules then compute in it)."""
