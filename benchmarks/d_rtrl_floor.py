@@ -97,8 +97,8 @@ def measure(name: str, T: int | None, repeats: int, triad_repeats: int) -> dict:
                      for k, st in model.states(brainstate.ParamState).items())
         path, state = found[key]
         owner = model
-        for part in path[:-1]:
-            owner = getattr(owner, part)
+        for part in path[:-1]:          # attribute names, or indices into layer lists
+            owner = owner[part] if isinstance(part, int) else getattr(owner, part)
         setattr(owner, path[-1], brainstate.State(state.value))   # a constant: no trace
         learners[f'd-rtrl without {key}'] = bc.D_RTRL(model)
     for learner in learners.values():                              # compile and warm up
