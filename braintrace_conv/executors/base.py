@@ -116,6 +116,7 @@ class Learner(abc.ABC):
         self.model = model
         self._steps: dict = {}      # input signature -> (step, what _prepare made of it)
         self._compiled: dict = {}
+        self._state_specs: dict = {}    # id(prepared) -> shapes and dtypes of its state
         self._carry = None          # (hidden leaves, algorithm state) between advance() calls
         self._batch = None          # the batch size hidden states were initialised for
         self._last = None           # (step, prepared) of the last call
@@ -171,7 +172,7 @@ class Learner(abc.ABC):
         step, prepared = self._capture(xs)
         if self._carry is None:
             hidden = step.hidden_leaves()
-            self._carry = (hidden, self._init_state(prepared, hidden))
+            self._carry = (hidden, self._fresh_state(prepared, hidden))
         return self._call(step, prepared, loss_fn, *self._carry, xs, targets, return_outputs,
                           keep=True)
 
@@ -281,17 +282,24 @@ class Learner(abc.ABC):
         """Buffers for a call that starts from zero state: the last call's state when it
         has this call's shapes and dtypes (the call zeroes and overwrites it), else
         fresh zeros."""
-        if self._carry is not None:
+        spec = self._state_specs.get(id(prepared))
+        if self._carry is not None and spec is not None:
             last = self._carry[1]
-            fresh = jax.eval_shape(lambda h: self._init_state(prepared, h), hidden)
             as_spec = lambda a: (jnp.shape(a), jnp.result_type(a))
-            same = (jax.tree.structure(last) == jax.tree.structure(fresh)
-                    and jax.tree.map(as_spec, last) == jax.tree.map(as_spec, fresh))
+            same = (jax.tree.structure(last) == jax.tree.structure(spec)
+                    and jax.tree.map(as_spec, last) == jax.tree.map(as_spec, spec))
             if same and all(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
                             and not a.is_deleted() for a in jax.tree.leaves(last)):
                 self._carry = None      # the buffers are donated to this call
                 return last
-        return self._init_state(prepared, hidden)
+        return self._fresh_state(prepared, hidden)
+
+    def _fresh_state(self, prepared, hidden):
+        """``_init_state``, remembering its shapes and dtypes for :meth:`_state_buffers`."""
+        state = self._init_state(prepared, hidden)
+        self._state_specs[id(prepared)] = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), state)
+        return state
 
     def _check_loss(self, step: StepJaxpr, loss_fn: Callable, targets) -> None:
         """Evaluate ``loss_fn`` on one step's abstract output and target, so that targets
