@@ -1,6 +1,11 @@
 """Test-suite configuration: float64 everywhere, so exactness claims are checked tightly,
 and XLA's CPU code generation without LLVM optimisation."""
 import os
+import sys
+
+# Test files import shared helpers (snn_reference) from this folder, wherever they sit below it
+# (the suite mirrors the package in subfolders and is collected with --import-mode=importlib).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # The suite compiles hundreds of small programs and runs each for milliseconds: without
 # LLVM's optimisation passes compilation takes about a third less CPU time, and the tests
