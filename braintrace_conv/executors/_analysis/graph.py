@@ -438,13 +438,15 @@ def _cut_region(ctx: _Context, gi: int, grp: Group, ops):
     reach = propagate(ctx.jaxpr, sources, ctx.final_of)
     index = {v for v, idx in reach.index.items() if idx is not MIXED}
     finals = {v for v, leaf in ctx.final_of.items() if leaf in grp.leaves}
-    # The input of a synapse onto neurons, computed from the old state alone (a recurrent or
-    # delayed synapse), is given to D-RTRL: its path through time is the truncated one, and
-    # cutting the state there as well would only add a value whose learning signal is zero.
+    # The input of a recurrent synapse onto the group's own neurons, computed from the old
+    # state alone, is given: that path through time is the recurrent-synapse cut of D-RTRL.
+    # An old value read by another group's op (a pipelined layer, a delayed synapse between
+    # layers) stays a sink, so the cut holds it and its learning signal reaches the trace
+    # of the step before, like any cross-layer path within a step.
     from_y = set(propagate(ctx.jaxpr, {v: i for v, i in sources.items() if v not in hidden_in},
                            ctx.final_of).index)
     given = {v for v, eqns in reach.etp_x_sinks.items() if v not in from_y
-             and all(ops[k].group is not None for k in _ops_at(ops, eqns))}
+             and all(ops[k].group == gi for k in _ops_at(ops, eqns))}
     return reach, sources, (set(reach.sinks) - given) | finals | (index & ctx.out_vars)
 
 

@@ -10,6 +10,7 @@ jaxpr's variables and reads and writes the model's state values in that order.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 from typing import Any
@@ -18,8 +19,10 @@ import brainstate
 import jax
 import jax.numpy as jnp
 import saiunit as u
+from jax import lax
 
-from .jaxpr import dependency_sets, interpret, read
+from ...primitive import ETPPrimitive
+from .jaxpr import bind_eqn, dependency_sets, interpret, is_literal, read
 from .lift import rewrite_step
 
 
@@ -215,4 +218,60 @@ def capture_step(model: brainstate.nn.Module, x_example) -> StepJaxpr:
     step = StepJaxpr(closed, model, list(hidden_map.keys()), list(param_map.keys()),
                       hidden_names, param_names, hidden_treedefs, param_treedefs,
                       out_tree_box[-1])
-    return dataclasses.replace(step, closed_jaxpr=rewrite_step(step))
+    step = dataclasses.replace(step, closed_jaxpr=rewrite_step(step))
+    return dataclasses.replace(step, closed_jaxpr=_values_of_their_own(step))
+
+
+def _values_of_their_own(step: StepJaxpr):
+    """The step's jaxpr with a ``copy`` inserted where a value plays two roles, so that the
+    analysis, which identifies values by their variables, sees each role.
+
+    * **New hidden values.** Each is a variable of its own, produced by an equation that
+      is not an ETP op. A state that takes another state's old value unchanged (a delay
+      line: ``d2 = d1``), keeps its own (``h = h``), takes an input, a parameter or an
+      op's output (``d1 = conv(x)``), or shares its new value with another state
+      (``a = v; b = v``) would otherwise be lost from its group, and its gradient path
+      with it.
+    * **Inputs of ops computed from the old state alone** (a recurrent or delayed
+      synapse) that something else reads too: each such op reads a copy of its own, so
+      the recurrent-synapse cut of D-RTRL applies to that op alone, while another
+      layer's op or the output reading the same old value keeps its path.
+
+    The program computes the same thing, and XLA removes the copies.
+    """
+    jaxpr = step.closed_jaxpr.jaxpr
+    produced = {v for eqn in jaxpr.eqns if not isinstance(eqn.primitive, ETPPrimitive)
+                for v in eqn.outvars}
+    copied_outputs, seen = set(), set()
+    for leaf, v in enumerate(step.new_hidden_vars):
+        if not is_literal(v) and (v not in produced or v in seen):
+            copied_outputs.add(leaf)
+        seen.add(v)
+    readers = collections.Counter(v for eqn in jaxpr.eqns
+                                  for v in {v for v in eqn.invars if not is_literal(v)})
+    readers.update(v for v in jaxpr.outvars if not is_literal(v))
+    deps = step.dependencies()
+    copied_inputs = set()
+    for i, eqn in enumerate(jaxpr.eqns):
+        if isinstance(eqn.primitive, ETPPrimitive):
+            x = eqn.invars[eqn.primitive.x_invar_index]
+            kinds = deps.get(x, frozenset()) if not is_literal(x) else frozenset()
+            if 'h' in kinds and not kinds & {'x', 'y'} and readers[x] > 1:
+                copied_inputs.add(i)
+    if not copied_outputs and not copied_inputs:
+        return step.closed_jaxpr
+
+    def bind(i, eqn, invals):
+        if i not in copied_inputs:
+            return None
+        slot = eqn.primitive.x_invar_index
+        invals = [lax.copy_p.bind(v) if j == slot else v for j, v in enumerate(invals)]
+        return bind_eqn(eqn, invals)
+
+    def run(*args):
+        env = interpret(step.closed_jaxpr, dict(zip(jaxpr.invars, args)), bind=bind)
+        out = [read(env, v) for v in jaxpr.outvars]
+        return [lax.copy_p.bind(val) if i in copied_outputs else val for i, val in enumerate(out)]
+
+    return jax.make_jaxpr(run)(*[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
+                                 for v in jaxpr.invars])
