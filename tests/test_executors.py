@@ -666,8 +666,29 @@ def test_parameter_reaching_the_loss_by_no_supported_path_is_rejected():
     x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
     model = StateDependentKernel(x_shape, k_shape, kw, ch)
     xs, targets = _conv_data(x_shape)
-    with pytest.raises(ValueError, match="'weight' operand of etp_conv #0 depends on hidden"):
+    with pytest.raises(ValueError, match="'weight' operand of etp_conv #0 is computed from "
+                                         "parameter 'K', hidden state 'h'"):
         bc.D_RTRL(model).value_and_grad(sq_loss, xs, targets)
+
+
+class StateScaledLaxKernel(ConvTanh):
+    """A plain lax convolution whose kernel a state scales cannot become an ETP op."""
+
+    def update(self, x):
+        kernel = self.K.value * (1 + jnp.mean(self.h.value))
+        y = jax.lax.conv_general_dilated(x, kernel, (2,), 'SAME')
+        h = 0.7 * jnp.tanh(self.h.value) + y
+        self.h.value = h
+        return bc.dense(jnp.tanh(h.mean(axis=2)), self.W.value)
+
+
+def test_a_plain_convolution_whose_kernel_a_state_scales_is_refused_naming_both():
+    x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
+    model = StateScaledLaxKernel(x_shape, k_shape, kw, ch)
+    xs, targets = _conv_data(x_shape)
+    with pytest.raises(ValueError, match="weight operand of conv_general_dilated is computed "
+                                         "from parameter 'K', hidden state 'h'"):
+        bc.ES_D_RTRL(model, 0.9).value_and_grad(sq_loss, xs, targets)
 
 
 def test_sequence_errors():

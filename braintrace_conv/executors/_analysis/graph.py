@@ -42,6 +42,7 @@ import numpy as np
 from jax import lax
 
 from ...primitive import ETPPrimitive
+from .lift import lift_rule
 from .jaxpr import (bind_eqn, contains_etp, depends_on, interpret, is_literal, read,
                     sub_jaxpr)
 from .positions import MIXED, propagate
@@ -256,6 +257,7 @@ def analyse(step: StepJaxpr) -> StepGraph:
         cannot be learned online exactly as described.
     """
     ctx = _context(step)
+    _check_unlifted_weights(ctx)
     groups, group_of_leaf = _groups(ctx)
     ops = [_op(ctx, k, i, groups, group_of_leaf) for k, i in enumerate(sorted(ctx.etp_eqns))]
     groups = [_cut(ctx, gi, grp, ops) for gi, grp in enumerate(groups)]
@@ -278,6 +280,23 @@ def _context(step: StepJaxpr) -> _Context:
             final_of[v] = leaf
     return _Context(step, jaxpr, frozenset(etp_eqns), step.dependencies(), final_of,
                     frozenset(v for v in step.output_vars if not is_literal(v)))
+
+
+def _check_unlifted_weights(ctx: _Context) -> None:
+    """A convolution or matrix product whose weight operand reads parameters and also
+    hidden states or inputs (a kernel scaled by a state) cannot be an ETP op; refuse it
+    naming what the weight is computed from, before the analysis meets it as an op that
+    mixes positions."""
+    for eqn in ctx.jaxpr.eqns:
+        found = lift_rule(eqn.primitive.name)
+        if found is None or is_literal(eqn.invars[found[1]]):
+            continue
+        kinds = ctx.deps.get(eqn.invars[found[1]], frozenset())
+        if any(isinstance(kind, tuple) for kind in kinds) and kinds & {'h', 'x', 'y'}:
+            raise ValueError(f'the weight operand of {eqn.primitive.name} is computed from '
+                             f'{_sources(ctx, eqn.invars[found[1]])}; the weights of a '
+                             f'convolution or matrix product must be computed from parameters '
+                             f'only to be trained online.')
 
 
 def _identity(shape):
@@ -310,8 +329,8 @@ def _groups(ctx: _Context):
                 raise ValueError(
                     f'hidden state {step.hidden_names[leaf]!r} reaches the new value of '
                     f'{step.hidden_names[other]!r} through a non-elementwise op '
-                    f'({reach.mixing or "a position-changing reshape"}); online executors need '
-                    f'diagonal (element-by-element) neuron dynamics.')
+                    f'({reach.mixing or "a position-changing reshape"}); online executors '
+                    f'need diagonal (element-by-element) neuron dynamics.')
             parent[find(other)] = find(leaf)
     by_root: dict[int, list[int]] = {}
     for leaf in sorted(ctx.final_of.values()):
@@ -341,9 +360,9 @@ def _op(ctx: _Context, k: int, i: int, groups, group_of_leaf) -> EtpOp:
         v = eqn.invars[slot]
         kinds = ctx.deps.get(v, frozenset()) if not is_literal(v) else frozenset()
         if kinds - params_of:
-            raise ValueError(f'the {name!r} operand of {prim.name} #{k} depends on '
-                             f'hidden states or inputs; trainable operands of ETP ops must '
-                             f'be computed from parameters only.')
+            raise ValueError(f'the {name!r} operand of {prim.name} #{k} is computed from '
+                             f'{_sources(ctx, v)}; trainable operands of ETP ops must be '
+                             f'computed from parameters only.')
         slot_params[name] = sorted(leaf for _, leaf in kinds)
     leaves = sorted(set().union(*slot_params.values()))
     label = (f'{prim.name} #{k} '
@@ -359,6 +378,18 @@ def _op(ctx: _Context, k: int, i: int, groups, group_of_leaf) -> EtpOp:
         slot_params=slot_params, label=label)
 
 
+def _sources(ctx: _Context, var) -> str:
+    """The parameters, hidden states and inputs ``var`` is computed from, in words."""
+    step = ctx.step
+    named = lambda names, variables: [n for n, v in zip(names, variables)
+                                      if depends_on(ctx.jaxpr, var, {v})]
+    parts = [f'parameter {n!r}' for n in named(step.param_names, step.param_vars)]
+    parts += [f'hidden state {n!r}' for n in named(step.hidden_names, step.hidden_vars)]
+    if any(depends_on(ctx.jaxpr, var, {v}) for v in step.input_vars):
+        parts.append('the step input')
+    return ', '.join(parts) or 'constants'
+
+
 def _op_group(ctx: _Context, label: str, y_var, groups, group_of_leaf):
     """``(group index, h_to_y)`` of the op whose output is ``y_var`` (``(None, None)`` for a
     readout): the one group it reaches, one to one and element by element."""
@@ -372,7 +403,9 @@ def _op_group(ctx: _Context, label: str, y_var, groups, group_of_leaf):
     if len(reached) > 1:
         raise ValueError(f'the output of {label} reaches several hidden groups '
                          f'{[groups[gi].names for gi in sorted(reached)]}; an ETP op '
-                         f'must feed one neuron population.')
+                         f'must feed one neuron population (its trace follows that '
+                         f'population\'s dynamics): compute the op once per population, '
+                         f'with the same parameters if they are shared.')
     if not reached:
         return None, None
     gi = reached.pop()
