@@ -151,10 +151,10 @@ def test_windows_that_do_not_divide_the_sequence():
     np.testing.assert_allclose(outs, bc.BPTT(model).predict(xs), rtol=1e-12)
     rows = {r['parameter']: r for r in learner.report().rows}
     within = 'exact within windows of 4 steps; across windows: '
-    assert rows['rec.weight']['method'].startswith(
+    assert rows["rec.weight['weight']"]['method'].startswith(
         within + 'approximate trace (ES-D-RTRL, decay 0.9, given)')
     assert 'recurrent synapses onto the same neurons are cut' in \
-        rows['rec.weight']['method']
+        rows["rec.weight['weight']"]['method']
     assert rows["conv1.weight['bias']"]['method'].startswith(within + 'exact within its layer')
     assert rows["readout.weight['weight']"]['method'].startswith('exact (instantaneous')
     assert rows["conv2.weight['weight']"]['trace_bytes'] > 0

@@ -690,7 +690,8 @@ class OnlineLearner(Learner):
                               f'{method}' for method in listed]
                        for leaf, listed in methods.items()}
         values = step.param_leaves()
-        rows = [dict(parameter=step.param_names[leaf], shape=tuple(np.shape(values[leaf])),
+        rows = [dict(parameter=step.param_names[leaf], path=step.param_paths[leaf],
+                     shape=tuple(np.shape(values[leaf])),
                      method='; '.join(methods[leaf]) or UNUSED, trace_bytes=bytes_of[leaf])
                 for leaf in range(step.n_params)]
         return Report(self.algorithm, rows)

@@ -27,7 +27,7 @@ class BPTT(Learner):
 
     def _report(self, step, prepared) -> Report:
         leaves = step.param_leaves()
-        rows = [dict(parameter=name, shape=tuple(jnp.shape(v)), trace_bytes=0,
+        rows = [dict(parameter=name, path=path, shape=tuple(jnp.shape(v)), trace_bytes=0,
                      method='exact (BPTT; memory grows with T)')
-                for name, v in zip(step.param_names, leaves)]
+                for name, path, v in zip(step.param_names, step.param_paths, leaves)]
         return Report(self.algorithm, rows)

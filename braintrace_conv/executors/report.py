@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 __all__ = ['Report', 'EXACT_READOUT', 'APPROX_READOUT', 'EXACT_OUTPUT_PARAM', 'MIXING_PARAM',
            'UNUSED']
 
@@ -23,9 +25,12 @@ UNUSED = 'unused (the loss does not depend on it)'
 class Report:
     """How each parameter gets its gradient, and what the traces cost.
 
-    ``rows``: one dict per parameter leaf with ``parameter``, ``shape``,
-    ``method`` (one or more ``'; '``-separated descriptions, one per use) and
-    ``trace_bytes`` (memory of the traces attributed to it).
+    ``rows``: one dict per parameter leaf with ``parameter`` (its name: the key of its
+    state in ``model.states()`` joined by dots, then the leaf's path inside the state's
+    value, e.g. ``conv.weight['bias']``), ``path`` (the same as a tuple, ``(state key,
+    *jax key entries)``), ``shape``, ``method`` (one or more ``'; '``-separated
+    descriptions, one per use) and ``trace_bytes`` (memory of the traces attributed to
+    it). :meth:`gradient` finds a row's leaf in the ``grads`` a learner returns.
 
     Method phrases:
 
@@ -48,6 +53,20 @@ class Report:
     algorithm: str
     rows: list
 
+    def gradient(self, grads: dict, parameter: str):
+        """The leaf of ``grads`` (keyed like ``model.states(ParamState)``, as learners return
+        them) that the row named ``parameter`` describes, e.g.
+        ``report.gradient(grads, "conv.weight['bias']")`` is ``grads[('conv', 'weight')]['bias']``."""
+        rows = [r for r in self.rows if r['parameter'] == parameter]
+        if not rows:
+            raise KeyError(f'no report row is named {parameter!r}; the rows are '
+                           f'{[r["parameter"] for r in self.rows]}.')
+        key, *inner = rows[0]['path']
+        value = grads[key]
+        for entry in inner:
+            value = _step_into(value, entry)
+        return value
+
     @property
     def trace_bytes(self) -> int:
         return sum(r['trace_bytes'] for r in self.rows)
@@ -60,3 +79,14 @@ class Report:
             lines.append(f"{r['parameter']:<{width}}  {str(r['shape']):<16} "
                          f"{r['trace_bytes'] / 2**20:>9.3f}  {r['method']}")
         return head + '\n'.join(lines)
+
+
+def _step_into(value, entry):
+    """``value`` indexed by one ``jax.tree_util`` key entry."""
+    if isinstance(entry, jax.tree_util.DictKey):
+        return value[entry.key]
+    if isinstance(entry, jax.tree_util.SequenceKey):
+        return value[entry.idx]
+    if isinstance(entry, jax.tree_util.GetAttrKey):
+        return getattr(value, entry.name)
+    return jax.tree.leaves(value)[entry.key]       # FlattenedIndexKey of a custom node

@@ -34,7 +34,9 @@ class StepJaxpr:
     ``(*new_hidden, *outputs)`` leaves; its variables for each group are
     :attr:`hidden_vars`, :attr:`param_vars`, :attr:`input_vars`,
     :attr:`new_hidden_vars` and :attr:`output_vars`. ``hidden_names`` /
-    ``param_names`` name every leaf; ``out_tree`` rebuilds the model output.
+    ``param_names`` name every leaf (:func:`leaf_name`), ``param_paths`` give each
+    parameter leaf's place in a dict keyed like ``model.states()``; ``out_tree``
+    rebuilds the model output.
     """
     closed_jaxpr: Any
     model: Any
@@ -45,6 +47,7 @@ class StepJaxpr:
     hidden_treedefs: list
     param_treedefs: list
     out_tree: Any
+    param_paths: list    # per parameter leaf: (state key, *key entries inside its value)
 
     @property
     def n_hidden(self) -> int:
@@ -143,12 +146,19 @@ class StepJaxpr:
                 [read(env, v) for v in self.output_vars])
 
 
-def _leaf_names(key, value):
+def _leaf_paths(key, value) -> list[tuple]:
+    """Per leaf of a state's ``value``: ``(key, *path)``, the path that indexes the leaf in a
+    dict keyed like ``model.states()`` (a ``saiunit`` quantity is one leaf)."""
+    paths = jax.tree_util.tree_flatten_with_path(value, is_leaf=lambda v: isinstance(v, u.Quantity))[0]
+    return [(key, *path) for path, _ in paths]
+
+
+def leaf_name(path: tuple) -> str:
+    """``conv.weight['bias']`` for the path ``(('conv', 'weight'), DictKey('bias'))``: the state's
+    key joined by dots, then the leaf's path inside its value, if it has one."""
+    key, *inner = path
     base = '.'.join(str(k) for k in key) if isinstance(key, tuple) else str(key)
-    paths = jax.tree_util.tree_flatten_with_path(value)[0]
-    if len(paths) == 1:
-        return [base]
-    return [base + jax.tree_util.keystr(p) for p, _ in paths]
+    return base + jax.tree_util.keystr(tuple(inner))
 
 
 @contextlib.contextmanager
@@ -182,8 +192,9 @@ def capture_step(model: brainstate.nn.Module, x_example) -> StepJaxpr:
     hidden_map = model.states(brainstate.HiddenState)
     param_map = model.states(brainstate.ParamState)
     hidden_states = list(hidden_map.values())
-    hidden_names = [n for k, st in hidden_map.items() for n in _leaf_names(k, st.value)]
-    param_names = [n for k, st in param_map.items() for n in _leaf_names(k, st.value)]
+    hidden_names = [leaf_name(p) for k, st in hidden_map.items() for p in _leaf_paths(k, st.value)]
+    param_paths = [p for k, st in param_map.items() for p in _leaf_paths(k, st.value)]
+    param_names = [leaf_name(p) for p in param_paths]
     hidden_treedefs = [jax.tree.structure(st.value) for st in hidden_states]
     param_treedefs = [jax.tree.structure(st.value) for st in param_map.values()]
     every = hidden_states + list(param_map.values())
@@ -217,7 +228,7 @@ def capture_step(model: brainstate.nn.Module, x_example) -> StepJaxpr:
         closed = jax.make_jaxpr(flat_update)(specs, x_specs)
     step = StepJaxpr(closed, model, list(hidden_map.keys()), list(param_map.keys()),
                       hidden_names, param_names, hidden_treedefs, param_treedefs,
-                      out_tree_box[-1])
+                      out_tree_box[-1], param_paths)
     step = dataclasses.replace(step, closed_jaxpr=rewrite_step(step))
     return dataclasses.replace(step, closed_jaxpr=_values_of_their_own(step))
 
