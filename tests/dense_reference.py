@@ -1,0 +1,479 @@
+r"""Brute-force references of the online executors' gradients, from dense Jacobians.
+
+Each approximation the executors document is rebuilt here from its definition
+(``docs/theory.md``), sharing no code with ``braintrace_conv.executors``: the model is
+read through brainstate, one step is evaluated by a jaxpr interpreter of this file,
+and every Jacobian is a dense matrix from ``jax.jacrev`` (float64, small sizes), so an
+executor that agrees to round-off computes the approximation its report names.
+
+Notation (one step, all floating hidden values flattened into ``H``):
+
+* *ops*: the trainable operations, ETP primitives and plain ``conv_general_dilated`` /
+  ``dot_general`` equations with one operand free of data (computed from parameters
+  or constants) and the other carrying data; ``W_k`` is op ``k``'s weight operands,
+  ``y_k`` its output, ``x_k`` its input. ``theta`` are the parameters where used
+  outside weight operands.
+* ``M^t = dH^t/dH^{t-1}`` with every op output held at its value (paths through
+  ops cut); its non-zero pattern between hidden leaves defines the *groups*, and op
+  ``k`` *feeds* group ``a`` when ``dH_a^t/dy_k`` is not zero.
+* ``P^t = dH^t/d(theta, W)`` at fixed ``H^{t-1}`` with every op input held, and
+  ``P_beta^t = dH^t/dy`` (a per-element bias on each op output, the output trace).
+* ``w^t = dL^t/d(theta, W)`` and ``w_beta^t = dL^t/dy`` at fixed ``H^{t-1}``, every
+  path within the step.
+* ``c^t = dL^t/dH^{t-1}`` with, for the entries of group ``a``, the inputs of the ops
+  that feed ``a`` and read the old state (not an op's output of the step) held: the
+  recurrent or delayed synapse onto a group is cut.
+
+D-RTRL: ``S^t = M^t S^{t-1} + P^t`` and ``grad = sum_t w^t + c^t S^{t-1}``.
+ES-D-RTRL: the same, except for the weight operands of ops that feed a group, whose
+gradient is ``sum_t vjp_W op_k(ex_k^t / Z_k^t)(q_k^t)`` with ``q^t = w_beta^t +
+c^t S_beta^{t-1}``, ``ex^t = alpha ex^{t-1} + x^t`` and ``Z^t = alpha Z^{t-1} + 1``.
+Windows of ``k`` steps: per block from ``t0``, the block's loss differentiated exactly
+at fixed ``H^{t0}``, plus ``dL_block/dH^{t0}`` contracted with the trace at ``t0``
+(``S^{t0}``, or for ES's factorised operands ``vjp_W op_k(ex^{t0}/Z^{t0})(hbar
+S_beta^{t0})``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from braintrace_conv.primitive import ETPPrimitive
+
+_PLAIN_OPS = ('conv_general_dilated', 'dot_general')
+
+
+def _bind(eqn, invals):
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, params = params if isinstance(params, tuple) else ((), params)   # JAX < 0.10: a pair
+    out = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+@dataclasses.dataclass
+class _Op:
+    eqn: int
+    x_slot: int
+    weight_slots: tuple
+    delayed: bool = False   # its input is computed from the old state, not from op outputs
+
+
+class DenseStep:
+    """One step of a brainstate model as a function of flat leaves, with hooks on its ops."""
+
+    def __init__(self, model, x_example):
+        self.model = model
+        self.hidden_states = list(model.states(brainstate.HiddenState).values())
+        self.param_map = model.states(brainstate.ParamState)
+        self.param_states = list(self.param_map.values())
+        every = self.hidden_states + self.param_states
+        self.treedefs = [jax.tree.structure(st.value) for st in every]
+        self.n_h = sum(td.num_leaves for td in self.treedefs[:len(self.hidden_states)])
+        x_leaves, self.x_tree = jax.tree.flatten(x_example)
+
+        def f(leaves, xs):
+            saved = [st.value for st in every]
+            try:
+                with brainstate.StateTraceStack():
+                    it = iter(leaves)
+                    for st, td in zip(every, self.treedefs):
+                        st.value = jax.tree.unflatten(td, [next(it) for _ in range(td.num_leaves)])
+                    out = self.model.update(jax.tree.unflatten(self.x_tree, xs))
+                    new_h = [l for st in self.hidden_states for l in jax.tree.leaves(st.value)]
+            finally:
+                for st, v in zip(every, saved):
+                    st.restore_value(v)
+            out_leaves, self.out_tree = jax.tree.flatten(out)
+            return new_h + out_leaves
+
+        leaves = [l for st in every for l in jax.tree.leaves(st.value)]
+        spec = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))
+        with jax.disable_jit():
+            self.closed = jax.make_jaxpr(f)([spec(a) for a in leaves], [spec(a) for a in x_leaves])
+        self.n_p = len(leaves) - self.n_h
+        self.ops = self._find_ops()
+
+    def _find_ops(self):
+        jaxpr = self.closed.jaxpr
+        data = set(jaxpr.invars[:self.n_h]) | set(jaxpr.invars[self.n_h + self.n_p:])
+        state = set(jaxpr.invars[:self.n_h])      # computed from the old state...
+        after_op = set()                           # ... or from an op's output
+        reads = lambda v, vs: not isinstance(v, jax.extend.core.Literal) and v in vs
+        ops = []
+        for i, eqn in enumerate(jaxpr.eqns):
+            op = None
+            if isinstance(eqn.primitive, ETPPrimitive):
+                slots = tuple(eqn.primitive.trainable_invars(eqn.params).values())
+                op = _Op(i, eqn.primitive.x_invar_index, slots)
+            elif eqn.primitive.name in _PLAIN_OPS:
+                free = [s for s, v in enumerate(eqn.invars) if not reads(v, data)]
+                if len(free) == 1 and len(eqn.invars) == 2:
+                    op = _Op(i, 1 - free[0], (free[0],))
+            if op is not None:
+                x = eqn.invars[op.x_slot]
+                op.delayed = reads(x, state) and not reads(x, after_op)
+                ops.append(op)
+                after_op |= set(eqn.outvars)
+            if any(reads(v, data) for v in eqn.invars):
+                data |= set(eqn.outvars)
+            if op is None and any(reads(v, state) for v in eqn.invars):
+                state |= set(eqn.outvars)
+            if any(reads(v, after_op) for v in eqn.invars):
+                after_op |= set(eqn.outvars)
+        return ops
+
+    def hidden_leaves(self):
+        return [l for st in self.hidden_states for l in jax.tree.leaves(st.value)]
+
+    def param_leaves(self):
+        return [l for st in self.param_states for l in jax.tree.leaves(st.value)]
+
+    def run(self, h, p, x, *, W=None, y_fixed=None, x_fixed=None, dy=None):
+        """``(new hidden leaves, outputs, record)``; ``W`` replaces op weight operands,
+        ``y_fixed`` op outputs, ``x_fixed`` op inputs, ``dy`` is added to op outputs;
+        ``record`` holds each op's ``x``, ``y`` and weight operands."""
+        jaxpr = self.closed.jaxpr
+        env = dict(zip(jaxpr.constvars, self.closed.consts))
+        env.update(zip(jaxpr.invars, [*h, *p, *x]))
+        read = lambda v: v.val if isinstance(v, jax.extend.core.Literal) else env[v]
+        op_at = {op.eqn: k for k, op in enumerate(self.ops)}
+        rec = dict(x={}, y={}, W={})
+        for i, eqn in enumerate(jaxpr.eqns):
+            invals = [read(v) for v in eqn.invars]
+            k = op_at.get(i)
+            if k is not None:
+                op = self.ops[k]
+                if W is not None:
+                    for j, slot in enumerate(op.weight_slots):
+                        invals[slot] = W[k][j]
+                if x_fixed is not None and k in x_fixed:
+                    invals[op.x_slot] = x_fixed[k]
+                rec['x'][k] = invals[op.x_slot]
+                rec['W'][k] = [invals[s] for s in op.weight_slots]
+            outs = _bind(eqn, invals)
+            if k is not None:
+                if y_fixed is not None:
+                    outs = [y_fixed[k]]
+                if dy is not None and k in dy:
+                    outs = [outs[0] + dy[k]]
+                rec['y'][k] = outs[0]
+            env.update(zip(eqn.outvars, outs))
+        res = [read(v) for v in jaxpr.outvars]
+        return res[:self.n_h], res[self.n_h:], rec
+
+    def apply_op(self, k, x, W):
+        """Op ``k`` evaluated at input ``x`` with weight operands ``W`` (other operands as
+        in the jaxpr must be literals or constants here)."""
+        op = self.ops[k]
+        eqn = self.closed.jaxpr.eqns[op.eqn]
+        invals = [None] * len(eqn.invars)
+        invals[op.x_slot] = x
+        for j, slot in enumerate(op.weight_slots):
+            invals[slot] = W[j]
+        return _bind(eqn, invals)[0]
+
+
+class Packing:
+    """Floating leaves <-> one flat vector (other leaves are held as given)."""
+
+    def __init__(self, leaves):
+        self.float = [i for i, a in enumerate(leaves) if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
+        self.shapes = [jnp.shape(leaves[i]) for i in self.float]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.offsets = np.cumsum([0] + self.sizes)
+        self.size = int(self.offsets[-1])
+
+    def pack(self, leaves):
+        if not self.float:
+            return jnp.zeros((0,))
+        return jnp.concatenate([jnp.ravel(leaves[i]) for i in self.float])
+
+    def unpack(self, vec, like):
+        out = list(like)
+        for n, i in enumerate(self.float):
+            out[i] = vec[self.offsets[n]:self.offsets[n + 1]].reshape(self.shapes[n])
+        return out
+
+    def leaf_of(self, i_flat):
+        return self.float[int(np.searchsorted(self.offsets, i_flat, side='right')) - 1]
+
+
+@dataclasses.dataclass
+class Jacobians:
+    """The per-step dense quantities of the module docstring along one trajectory."""
+    M: list
+    P: list
+    P_beta: list
+    w: list
+    w_beta: list
+    c: list
+    op_x: list          # per step: {op: x_k}
+    W0: dict            # op -> weight operands at the parameters
+    grouped: list       # ops that feed a group
+    beta: dict          # op -> slice of its output's columns in P_beta / w_beta
+    groups: list        # lists of hidden leaf indices
+    theta: Packing      # parameter leaves <-> the theta part of the columns
+    wp: Packing         # weight operands <-> the W part of the columns
+    unW: object         # flat W -> {op: weight operands}
+    p: list             # parameter leaves
+    traj: list          # per step: (hidden leaves, packed, inputs, target, record)
+    loss_fn: object
+
+
+def dense_jacobians(step: DenseStep, loss_fn, xs, targets) -> Jacobians:
+    """Every per-step quantity of the module docstring along the model's trajectory from
+    its current hidden state."""
+    p = step.param_leaves()
+    h = step.hidden_leaves()
+    T = jax.tree.leaves(xs)[0].shape[0]
+    hp = Packing(h)
+    _, _, rec0 = step.run(h, p, jax.tree.leaves(jax.tree.map(lambda a: a[0], xs)))
+    W0 = rec0['W']
+    ops = range(len(step.ops))
+    theta = Packing(p)
+    Wflat = [w for k in ops for w in W0[k]]
+    wp = Packing(Wflat)
+
+    def unW(vec):
+        leaves, out, i = wp.unpack(vec, Wflat), {}, 0
+        for k in ops:
+            out[k] = leaves[i:i + len(W0[k])]
+            i += len(W0[k])
+        return out
+
+    y_shapes = {k: rec0['y'][k].shape for k in ops}
+    y_off = dict(zip(ops, np.cumsum([0] + [int(np.prod(y_shapes[k])) for k in ops])[:-1]))
+    n_y = sum(int(np.prod(s)) for s in y_shapes.values())
+    un_dy = lambda vec: {k: vec[y_off[k]:y_off[k] + int(np.prod(y_shapes[k]))].reshape(y_shapes[k])
+                         for k in ops}
+    theta0, wvec0, dy0 = theta.pack(p), wp.pack(Wflat), jnp.zeros(n_y)
+
+    def new_H(Hv, tv, Wv, dyv, hh, x, **hold):
+        new, _, _ = step.run(hp.unpack(Hv, hh), theta.unpack(tv, p), x, W=unW(Wv), dy=un_dy(dyv),
+                             **hold)
+        return hp.pack(new)
+
+    def loss(Hv, tv, Wv, dyv, hh, x, target, **hold):
+        _, out, _ = step.run(hp.unpack(Hv, hh), theta.unpack(tv, p), x, W=unW(Wv), dy=un_dy(dyv),
+                             **hold)
+        return loss_fn(jax.tree.unflatten(step.out_tree, out), target)
+
+    # one compiled function per quantity, evaluated at every step
+    jac_M = jax.jit(lambda Hv, hh, x, y: jax.jacrev(new_H)(Hv, theta0, wvec0, dy0, hh, x,
+                                                           y_fixed=y))
+    jac_P = jax.jit(lambda Hv, hh, x, xk: jax.jacrev(new_H, argnums=(1, 2, 3))(
+        Hv, theta0, wvec0, dy0, hh, x, x_fixed=xk))
+    grad_w = jax.jit(lambda Hv, hh, x, target: jax.grad(loss, argnums=(1, 2, 3))(
+        Hv, theta0, wvec0, dy0, hh, x, target))
+    grad_c = jax.jit(lambda Hv, hh, x, target, held: jax.grad(loss)(
+        Hv, theta0, wvec0, dy0, hh, x, target, x_fixed=held))
+    evaluate = jax.jit(lambda hh, x: step.run(hh, p, x))
+
+    traj, M, P, Pb, w, wb, op_x = [], [], [], [], [], [], []
+    for t in range(T):
+        x = jax.tree.leaves(jax.tree.map(lambda a: a[t], xs))
+        target = jax.tree.map(lambda a: a[t], targets)
+        Hv = hp.pack(h)
+        new, _, rec = evaluate(h, x)
+        traj.append((h, Hv, x, target, rec))
+        M.append(jac_M(Hv, h, x, rec['y']))
+        jt, jW, jb = jac_P(Hv, h, x, rec['x'])
+        P.append(jnp.concatenate([jt, jW], axis=1))
+        Pb.append(jb)
+        gt, gW, gb = grad_w(Hv, h, x, target)
+        w.append(jnp.concatenate([gt, gW]))
+        wb.append(gb)
+        op_x.append(rec['x'])
+        h = new
+
+    # structure: hidden leaves connected by M, ops feeding them through P_beta
+    n_leaves = len(h)
+    link = np.zeros((n_leaves, n_leaves), bool)
+    feeds = np.zeros((len(step.ops), n_leaves), bool)
+    rows = [hp.leaf_of(i) for i in range(hp.size)]
+    for Mt, Pbt in zip(M, Pb):
+        nz = np.abs(np.asarray(Mt)) > 0
+        for i, j in zip(*np.nonzero(nz)):
+            link[rows[i], rows[j]] = True
+        for k in ops:
+            cols = np.abs(np.asarray(Pbt[:, y_off[k]:y_off[k] + int(np.prod(y_shapes[k]))])) > 0
+            for i in np.nonzero(cols.any(axis=1))[0]:
+                feeds[k, rows[i]] = True
+    groups = _components(link | link.T, [i for i in range(n_leaves) if i in hp.float])
+    c = []
+    for (hh, Hv, x, target, rec) in traj:
+        ct = np.zeros(hp.size)
+        for grp in groups:
+            held = {k: rec['x'][k] for k in ops if feeds[k, grp].any() and step.ops[k].delayed}
+            g = np.asarray(grad_c(Hv, hh, x, target, held))
+            for n, leaf in enumerate(hp.float):
+                if leaf in grp:
+                    ct[hp.offsets[n]:hp.offsets[n + 1]] = g[hp.offsets[n]:hp.offsets[n + 1]]
+        c.append(ct)
+    grouped = [k for k in ops if feeds[k].any()]
+    as_np = lambda seq: [np.asarray(a) for a in seq]
+    beta = {k: slice(y_off[k], y_off[k] + int(np.prod(y_shapes[k]))) for k in ops}
+    return Jacobians(as_np(M), as_np(P), as_np(Pb), as_np(w), as_np(wb), c, op_x, W0, grouped,
+                     beta, groups, theta, wp, unW, p, traj, loss_fn)
+
+
+def _components(adj, nodes):
+    seen, comps = set(), []
+    for n in nodes:
+        if n in seen:
+            continue
+        stack, comp = [n], []
+        seen.add(n)
+        while stack:
+            a = stack.pop()
+            comp.append(a)
+            for b in np.nonzero(adj[a])[0]:
+                if b not in seen and b in nodes:
+                    seen.add(int(b))
+                    stack.append(int(b))
+        comps.append(sorted(comp))
+    return comps
+
+
+# ----------------------------------------------------------------------------- references
+def _grads_tree(step: DenseStep, jac: Jacobians, g_theta, g_W):
+    """Gradients on the parameter leaves: direct uses plus the weight operands pulled back,
+    keyed like ``model.states(ParamState)``."""
+    h0, _, x0, _, _ = jac.traj[0]
+    W_of = lambda p: jac.wp.pack([w for k in range(len(step.ops))
+                                  for w in step.run(h0, p, x0)[2]['W'][k]])
+    _, pull = jax.vjp(W_of, jac.p)
+    (from_W,) = pull(jnp.asarray(g_W))
+    leaves = jac.theta.unpack(jnp.asarray(g_theta), [jnp.zeros_like(a) for a in jac.p])
+    leaves = [a + b for a, b in zip(leaves, from_W)]
+    out, it = {}, iter(leaves)
+    for key, st in step.param_map.items():
+        td = jax.tree.structure(st.value)
+        out[key] = jax.tree.unflatten(td, [next(it) for _ in range(td.num_leaves)])
+    return out
+
+
+def _column_mask(jac: Jacobians, untraced):
+    """Columns of ``P`` kept: a parameter whose label says it has no trace keeps none."""
+    keep = np.ones(jac.P[0].shape[1], bool)
+    for n, leaf in enumerate(jac.theta.float):
+        if leaf in untraced:
+            keep[jac.theta.offsets[n]:jac.theta.offsets[n + 1]] = False
+    return keep
+
+
+def _traces(jac: Jacobians, untraced):
+    """``S^{t-1}`` and ``S_beta^{t-1}`` before each step (D-RTRL recursion)."""
+    keep = _column_mask(jac, untraced)
+    S = np.zeros_like(jac.P[0])
+    Sb = np.zeros_like(jac.P_beta[0])
+    before = []
+    for M, P, Pb in zip(jac.M, jac.P, jac.P_beta):
+        before.append((S, Sb))
+        S, Sb = M @ S + P * keep, M @ Sb + Pb
+    before.append((S, Sb))
+    return before
+
+
+def _input_traces(jac: Jacobians, decays):
+    """ES-D-RTRL's ``(ex^t, Z^t)`` per grouped op after each step."""
+    out, ex, Z = [], {k: 0.0 for k in jac.grouped}, {k: 0.0 for k in jac.grouped}
+    for x in jac.op_x:
+        ex = {k: decays[k] * ex[k] + np.asarray(x[k]) for k in jac.grouped}
+        Z = {k: decays[k] * Z[k] + 1.0 for k in jac.grouped}
+        out.append((ex, Z))
+    return out
+
+
+def _factorised(step: DenseStep, jac: Jacobians, k, x_hat, q):
+    """``vjp_W op_k(x_hat)(q)`` as a ``(theta, W)`` column vector (zeros elsewhere)."""
+    y, pull = jax.vjp(lambda *W: step.apply_op(k, jnp.asarray(x_hat), list(W)), *jac.W0[k])
+    dW = pull(jnp.asarray(q).reshape(y.shape))
+    flat = {j: [jnp.zeros_like(w) for w in jac.W0[j]] for j in range(len(step.ops))}
+    flat[k] = list(dW)
+    return np.concatenate([np.zeros(jac.theta.size),
+                           np.asarray(jac.wp.pack([w for j in range(len(step.ops)) for w in flat[j]]))])
+
+
+def _factorised_columns(jac: Jacobians, step):
+    """The columns of ``(theta, W)`` that ES-D-RTRL factorises: grouped ops' operands."""
+    cols = np.zeros(jac.P[0].shape[1], bool)
+    n_theta = jac.theta.size
+    i = 0
+    for k in range(len(step.ops)):
+        for w in jac.W0[k]:
+            size = int(np.prod(jnp.shape(w)))
+            if k in jac.grouped:
+                cols[n_theta + i:n_theta + i + size] = True
+            i += size
+    return cols
+
+
+def drtrl(step: DenseStep, jac: Jacobians, *, untraced=frozenset(), window=None):
+    """D-RTRL's gradient (module docstring); ``untraced``: parameter leaves with no trace."""
+    return _reference(step, jac, untraced, window, decays=None)
+
+
+def es_drtrl(step: DenseStep, jac: Jacobians, decays, *, untraced=frozenset(), window=None):
+    """ES-D-RTRL's gradient with input-trace decay ``decays[k]`` per grouped op."""
+    return _reference(step, jac, untraced, window, decays=decays)
+
+
+def _reference(step, jac, untraced, window, decays):
+    T = len(jac.M)
+    before = _traces(jac, untraced)
+    ex = _input_traces(jac, decays) if decays is not None else None
+    fact = _factorised_columns(jac, step) if decays is not None else np.zeros(jac.P[0].shape[1], bool)
+    total = np.zeros(jac.P[0].shape[1])
+
+    def contract(cot, t):
+        """``cot . S^{t-1}`` (the trace before step ``t``), factorised where ES says so."""
+        S, Sb = before[t]
+        out = np.where(fact, 0.0, cot @ S)
+        if decays is not None and t > 0:
+            exs, Z = ex[t - 1]
+            for k in jac.grouped:
+                out = out + _factorised(step, jac, k, exs[k] / Z[k], cot @ Sb[:, jac.beta[k]])
+        return out
+
+    if window is None:
+        for t in range(T):
+            S, Sb = before[t]
+            total += np.where(fact, 0.0, jac.w[t] + jac.c[t] @ S)
+            if decays is not None:   # the trace at t: ef^t = Sb^{t-1} advanced by the step
+                exs, Z = ex[t]
+                for k in jac.grouped:
+                    q = jac.w_beta[t][jac.beta[k]] + jac.c[t] @ Sb[:, jac.beta[k]]
+                    total += _factorised(step, jac, k, exs[k] / Z[k], q)
+    else:
+        for t0 in range(0, T, window):
+            g_block, hbar = _block_gradient(step, jac, t0, min(t0 + window, T))
+            total += g_block + contract(hbar, t0)
+    n_theta = jac.theta.size
+    return _grads_tree(step, jac, total[:n_theta], total[n_theta:])
+
+
+def _block_gradient(step, jac, t0, t1):
+    """The exact gradient of the loss of steps ``[t0, t1)`` with respect to ``(theta, W)``
+    at fixed ``H^{t0}``, and with respect to ``H^{t0}``."""
+    h0, Hv, _, _, _ = jac.traj[t0]
+    hp = Packing(h0)
+    xs = [jac.traj[t][2] for t in range(t0, t1)]
+    targets = [jac.traj[t][3] for t in range(t0, t1)]
+
+    def block_loss(Hv, tv, Wv, xs, targets):
+        h, total = hp.unpack(Hv, h0), 0.0
+        for x, target in zip(xs, targets):
+            h, out, _ = step.run(h, jac.theta.unpack(tv, jac.p), x, W=jac.unW(Wv))
+            total = total + jac.loss_fn(jax.tree.unflatten(step.out_tree, out), target)
+        return total
+
+    Wv = jac.wp.pack([w for k in range(len(step.ops)) for w in jac.W0[k]])
+    gH, gt, gW = jax.jit(jax.grad(block_loss, argnums=(0, 1, 2)))(
+        Hv, jac.theta.pack(jac.p), Wv, xs, targets)
+    return np.concatenate([np.asarray(gt), np.asarray(gW)]), np.asarray(gH)

@@ -1,0 +1,130 @@
+"""Every gradient the online executors return is the one their report names.
+
+For each model (delay lines, pipelined layers, feedback through states, user-style
+neurons and layers) and executor (D-RTRL, ES-D-RTRL, each with and without a window),
+the gradient of every parameter equals a brute-force reference of the documented
+approximation built from dense Jacobians (``dense_reference``, float64) to round-off;
+a parameter labelled exact also equals BPTT; no gradient is all zero where BPTT's is
+not; and every report row finds its gradient by the path it prints.
+"""
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import saiunit as u
+
+import braintrace_conv as bc
+import dense_reference as dense
+from delay_models import DELAY_MODELS, SHDLike
+from snn_reference import EXACT, rel_err, xent
+
+pytestmark = pytest.mark.usefixtures('float64')
+
+#: Agreement with the brute-force reference of the same approximation.
+SAME = 1e-9
+DECAY = 0.9
+T, BATCH, WINDOW = 8, 2, 3
+
+
+def _user_models():
+    """The user-style models of the exactness tests: name -> (constructor, input shape)."""
+    import test_executors as te
+    import test_executors_user_models as um
+    import test_windows as tw
+    models = {f'one-layer-{style}': (lambda style=style: um.OneLayer(style), (6, 6, 2))
+              for style in ('subtract', 'old-and-new', 'alif-reset')}
+    models.update({
+        'brainstate-hidden-linear': (lambda: um.BrainstateLayers(1, hidden_linear=True), (5, 2)),
+        'parameters-in-dynamics': (um.Parametric, (7, 2)),
+        'mixing-parameter': (um.MixedParameter, (7, 2)),
+        'sum-pool-bias-before': (lambda: um.PoolBetween('sum-same', bias_before_pool=True),
+                                 (6, 6, 2)),
+        'recurrent-conv': (lambda: te.SpikingConvNet(True), (8, 8, 2)),
+        'user-recurrent-brainstate': (lambda: tw.UserConvNet(True), (6, 6, 2)),
+        'ours-recurrent-pooled': (lambda: tw.ours(pool=2), (2, 6, 6)),
+    })
+    return models
+
+
+MODELS = {**{name: (make, (6, 6, 2)) for name, make in DELAY_MODELS.items()},
+          'shd-like': (SHDLike, (3, 20))}
+USER_MODELS = ['one-layer-subtract', 'one-layer-old-and-new', 'one-layer-alif-reset',
+               'brainstate-hidden-linear', 'parameters-in-dynamics', 'mixing-parameter',
+               'sum-pool-bias-before', 'recurrent-conv', 'user-recurrent-brainstate',
+               'ours-recurrent-pooled']
+EXECUTORS = {'d-rtrl': lambda m, w: bc.D_RTRL(m, window=w),
+             'es-d-rtrl': lambda m, w: bc.ES_D_RTRL(m, DECAY, window=w)}
+# The default suite checks each executor and window kind on the models of the reported
+# failures; `-m slow` checks every model with every executor, with and without a window.
+DEFAULT = {('membrane-delay', 'd-rtrl', None), ('membrane-delay', 'es-d-rtrl', None),
+           ('delayed-self-excitation', 'd-rtrl', WINDOW), ('pipelined', 'd-rtrl', None),
+           ('pipelined', 'es-d-rtrl', WINDOW), ('delayed-feedback', 'd-rtrl', None),
+           ('shd-like', 'd-rtrl', WINDOW)}
+
+
+def _cases():
+    return [pytest.param(name, alg, window,
+                         marks=() if (name, alg, window) in DEFAULT else (pytest.mark.slow,),
+                         id=f'{name}-{alg}-{f"w{window}" if window else "traces"}')
+            for name in [*MODELS, *USER_MODELS] for alg in EXECUTORS for window in (None, WINDOW)]
+
+
+_REFERENCES = {}
+
+
+def reference(name):
+    """``(model, xs, labels, BPTT gradients, step, Jacobians)`` for model ``name``, built once."""
+    if name not in _REFERENCES:
+        make, shape = MODELS[name] if name in MODELS else _user_models()[name]
+        rng = np.random.default_rng(0)
+        xs = jnp.asarray(rng.random((T, BATCH, *shape)) < 0.4, jnp.float64)
+        labels = jnp.asarray(rng.integers(0, 3, (T, BATCH)))
+        model = make()
+        _, exact = bc.BPTT(model).value_and_grad(xent, xs, labels)
+        brainstate.nn.init_all_states(model, BATCH)
+        step = dense.DenseStep(model, xs[0])
+        _REFERENCES.clear()        # one model's Jacobians at a time
+        _REFERENCES[name] = (model, xs, labels, exact, step,
+                             dense.dense_jacobians(step, xent, xs, labels))
+    return _REFERENCES[name]
+
+
+def _leaves(grads):
+    return [np.asarray(u.get_mantissa(a)) for key in grads for a in jax.tree.leaves(grads[key])]
+
+
+def _exact(method: str) -> bool:
+    return (method.startswith('exact') and 'truncated' not in method
+            and 'approximate' not in method)
+
+
+@pytest.mark.parametrize('name, alg, window', _cases())
+def test_gradients_are_the_approximation_the_report_names(name, alg, window):
+    model, xs, labels, exact, step, jac = reference(name)
+    learner = EXECUTORS[alg](model, window)
+    _, grads = learner.value_and_grad(xent, xs, labels)
+    report = learner.report()
+    methods = [row['method'] for row in report.rows]
+    untraced = {i for i, m in enumerate(methods) if 'instantaneous only' in m and 'trace' not in m}
+    ref = (dense.drtrl(step, jac, untraced=untraced, window=window) if alg == 'd-rtrl' else
+           dense.es_drtrl(step, jac, {k: DECAY for k in jac.grouped}, untraced=untraced,
+                          window=window))
+    for row, g, r, e in zip(report.rows, _leaves(grads), _leaves(ref), _leaves(exact)):
+        where = f"{row['parameter']} ({row['method']})"
+        assert rel_err(g, r) < SAME, f'{where}: {rel_err(g, r):.2e} from its reference'
+        if _exact(row['method']):
+            assert rel_err(g, e) < EXACT, f'{where}: {rel_err(g, e):.2e} from BPTT'
+        assert np.any(g) or not np.any(e), f'{where}: all zero, BPTT is not'
+        found = report.gradient(grads, row['parameter'])
+        np.testing.assert_array_equal(np.asarray(u.get_mantissa(found)), g)
+
+
+def test_the_reference_of_a_window_as_long_as_the_sequence_is_bptt():
+    """The brute-force reference itself: one block is BPTT for every parameter, whatever the
+    approximation outside blocks."""
+    _, _, _, exact, step, jac = reference('delayed-feedback')
+    for ref in (dense.drtrl(step, jac, window=T),
+                dense.es_drtrl(step, jac, {k: DECAY for k in jac.grouped}, window=T)):
+        for r, e in zip(_leaves(ref), _leaves(exact)):
+            assert rel_err(r, e) < EXACT
