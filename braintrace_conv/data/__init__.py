@@ -54,12 +54,17 @@ from .moving_bars import (
     render_scenes,
     sample_scenes,
 )
+from .read import CAMERA_EVENT_DTYPE, EventFileError, EventReader, read_events
 from .spoken_digits import synthetic_shd
 from .streaming import StreamingEventDataset
+from .write import write_events
 
 __all__ = [
+    "CAMERA_EVENT_DTYPE",
     "DIRECTION_NAMES",
     "EventDataset",
+    "EventFileError",
+    "EventReader",
     "FrameDataset",
     "MotionScenes",
     "StreamingEventDataset",
@@ -72,10 +77,12 @@ __all__ = [
     "from_tonic",
     "load_event_file",
     "moving_bars",
+    "read_events",
     "render_scenes",
     "sample_scenes",
     "saccade_path",
     "stream_directory",
     "stream_tonic",
     "synthetic_shd",
+    "write_events",
 ]
