@@ -55,6 +55,7 @@ from .moving_bars import (
     sample_scenes,
 )
 from .read import CAMERA_EVENT_DTYPE, EventFileError, EventReader, read_events
+from .segments import Segments, read_segments, write_segments
 from .spoken_digits import synthetic_shd
 from .streaming import StreamingEventDataset
 from .write import write_events
@@ -67,6 +68,7 @@ __all__ = [
     "EventReader",
     "FrameDataset",
     "MotionScenes",
+    "Segments",
     "StreamingEventDataset",
     "delayed_bars",
     "digits_saccades",
@@ -78,6 +80,7 @@ __all__ = [
     "load_event_file",
     "moving_bars",
     "read_events",
+    "read_segments",
     "render_scenes",
     "sample_scenes",
     "saccade_path",
@@ -85,4 +88,5 @@ __all__ = [
     "stream_tonic",
     "synthetic_shd",
     "write_events",
+    "write_segments",
 ]
