@@ -46,6 +46,7 @@ from .event_files import (
     stream_tonic,
 )
 from .frames import events_to_frames
+from .gesture_recordings import GESTURE_NAMES, gesture_recordings
 from .moving_bars import (
     DIRECTION_NAMES,
     MotionScenes,
@@ -57,6 +58,7 @@ from .moving_bars import (
 from .read import CAMERA_EVENT_DTYPE, EventFileError, EventReader, read_events
 from .segments import Segments, read_segments, write_segments
 from .spoken_digits import synthetic_shd
+from .stream import EventStream, Recording, find_recordings
 from .streaming import StreamingEventDataset
 from .write import write_events
 
@@ -66,8 +68,11 @@ __all__ = [
     "EventDataset",
     "EventFileError",
     "EventReader",
+    "EventStream",
     "FrameDataset",
+    "GESTURE_NAMES",
     "MotionScenes",
+    "Recording",
     "Segments",
     "StreamingEventDataset",
     "delayed_bars",
@@ -75,8 +80,10 @@ __all__ = [
     "encoders",
     "dvs_events",
     "events_to_frames",
+    "find_recordings",
     "from_directory",
     "from_tonic",
+    "gesture_recordings",
     "load_event_file",
     "moving_bars",
     "read_events",
