@@ -32,11 +32,27 @@ Sources
 :mod:`~braintrace_conv.data.encoders`
     Rate, latency and delta spike encoders for static inputs ``(B, ...)`` ->
     ``(T, B, ...)``.
+:func:`cue_accumulation`, :func:`delayed_match_to_sample`
+    Long-memory tasks as Poisson spike trains: e-prop's cue accumulation (2,250 steps) and
+    delayed match-to-sample (a delay of 1,000 steps).
+
+Long recordings
+---------------
+:func:`read_events`, :class:`EventReader`, :func:`write_events`
+    Event files of any supported format (``.npy``/``.npz``, AEDAT4, Prophesee EVT 2/3),
+    read whole or block by block in time order, every event checked.
+:class:`EventStream`, :class:`Recording`, :func:`find_recordings`, :func:`read_segments`
+    Endless streams: ``B`` long recordings binned on the fly into chunks ``(K, B, P, H,
+    W)`` with per-step targets from labelled time segments, resumable bit for bit.
+:func:`gesture_recordings`
+    Long synthetic gesture recordings in DVS Gesture's raw layout (events + segments CSV).
 """
 from . import encoders
 
+from .cue_accumulation import cue_accumulation
 from .dataset import EventDataset, FrameDataset
 from .delayed_bars import delayed_bars
+from .delayed_match import delayed_match_to_sample
 from .digits import digits_saccades, saccade_path
 from .event_files import (
     from_directory,
@@ -75,7 +91,9 @@ __all__ = [
     "Recording",
     "Segments",
     "StreamingEventDataset",
+    "cue_accumulation",
     "delayed_bars",
+    "delayed_match_to_sample",
     "digits_saccades",
     "encoders",
     "dvs_events",
