@@ -15,6 +15,7 @@ runs without a download.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -210,11 +211,7 @@ def gesture_recordings(
 
 def _formats(formats) -> tuple[str, ...]:
     if formats is None:
-        try:
-            import faery  # noqa: F401
-        except ImportError:
-            return ("npy",)
-        return tuple(_SUFFIXES)
+        return tuple(_SUFFIXES) if importlib.util.find_spec("faery") else ("npy",)
     formats = tuple(formats)
     unknown = [f for f in formats if f not in _SUFFIXES]
     if unknown or not formats:
