@@ -32,11 +32,27 @@ Sources
 :mod:`~braintrace_conv.data.encoders`
     Rate, latency and delta spike encoders for static inputs ``(B, ...)`` ->
     ``(T, B, ...)``.
+:func:`cue_accumulation`, :func:`delayed_match_to_sample`
+    Long-memory tasks as Poisson spike trains: e-prop's cue accumulation (2,250 steps) and
+    delayed match-to-sample (a delay of 1,000 steps).
+
+Long recordings
+---------------
+:func:`read_events`, :class:`EventReader`, :func:`write_events`
+    Event files of any supported format (``.npy``/``.npz``, AEDAT4, Prophesee EVT 2/3),
+    read whole or block by block in time order, every event checked.
+:class:`EventStream`, :class:`Recording`, :func:`find_recordings`, :func:`read_segments`
+    Endless streams: ``B`` long recordings binned on the fly into chunks ``(K, B, P, H,
+    W)`` with per-step targets from labelled time segments, resumable bit for bit.
+:func:`gesture_recordings`
+    Long synthetic gesture recordings in DVS Gesture's raw layout (events + segments CSV).
 """
 from . import encoders
 
+from .cue_accumulation import cue_accumulation
 from .dataset import EventDataset, FrameDataset
 from .delayed_bars import delayed_bars
+from .delayed_match import delayed_match_to_sample
 from .digits import digits_saccades, saccade_path
 from .event_files import (
     from_directory,
@@ -46,6 +62,7 @@ from .event_files import (
     stream_tonic,
 )
 from .frames import events_to_frames
+from .gesture_recordings import GESTURE_NAMES, gesture_recordings
 from .moving_bars import (
     DIRECTION_NAMES,
     MotionScenes,
@@ -54,28 +71,47 @@ from .moving_bars import (
     render_scenes,
     sample_scenes,
 )
+from .read import CAMERA_EVENT_DTYPE, EventFileError, EventReader, read_events
+from .segments import Segments, read_segments, write_segments
 from .spoken_digits import synthetic_shd
+from .stream import EventStream, Recording, find_recordings
 from .streaming import StreamingEventDataset
+from .write import write_events
 
 __all__ = [
+    "CAMERA_EVENT_DTYPE",
     "DIRECTION_NAMES",
     "EventDataset",
+    "EventFileError",
+    "EventReader",
+    "EventStream",
     "FrameDataset",
+    "GESTURE_NAMES",
     "MotionScenes",
+    "Recording",
+    "Segments",
     "StreamingEventDataset",
+    "cue_accumulation",
     "delayed_bars",
+    "delayed_match_to_sample",
     "digits_saccades",
     "encoders",
     "dvs_events",
     "events_to_frames",
+    "find_recordings",
     "from_directory",
     "from_tonic",
+    "gesture_recordings",
     "load_event_file",
     "moving_bars",
+    "read_events",
+    "read_segments",
     "render_scenes",
     "sample_scenes",
     "saccade_path",
     "stream_directory",
     "stream_tonic",
     "synthetic_shd",
+    "write_events",
+    "write_segments",
 ]

@@ -1,0 +1,513 @@
+"""Reading recorded events from files: one entry point for every supported format, and a
+reader that walks a recording in time order, block by block, without loading it.
+
+Formats
+-------
+=============  ===========================================  =====================================
+suffix         format                                       read by
+=============  ===========================================  =====================================
+``.npy``       one structured event array (the library's     numpy, memory-mapped
+               layout, :mod:`~braintrace_conv.data.frames`)
+``.npz``       the same under the key ``events`` (or as the  numpy: memory-mapped when stored,
+               only array)                                   inflated block by block when deflated
+``.aedat4``    AEDAT 4 (iniVation DV), first event track     ``faery`` (extra ``events``)
+``.raw``       Prophesee EVT 2.0 / EVT 3.0 (from the         ``faery`` (extra ``events``)
+               header)
+=============  ===========================================  =====================================
+
+Events come back as numpy structured arrays with a timestamp ``t`` in microseconds, pixel
+coordinates ``x`` (and ``y``) and a polarity ``p`` (1: ON, brightness increase; 0 or -1:
+OFF). ``.npy``/``.npz`` files keep their stored dtype; camera files give
+:data:`CAMERA_EVENT_DTYPE`. Camera-file readers are an extra (``pip install
+"braintrace_conv[events]"``); the guide page *Streams and camera files* gives the
+measurements behind the choice of ``faery``.
+
+Every event that is read is checked: timestamps finite, non-negative and never going
+backwards, coordinates non-negative integers inside the sensor (when the file or the caller
+gives its size), polarities coded 0/1, -1/1 or bool. A bad event, a truncated or foreign file
+is an :class:`EventFileError` naming the file and the event's position; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+from .._npy_files import NpyFileError, npy_entries, npy_header
+from .._validation import integer
+
+__all__ = ["CAMERA_EVENT_DTYPE", "EventFileError", "EventReader", "read_events"]
+
+#: dtype of the events read from camera files: ``t`` microseconds, ``x`` column, ``y`` row
+#: (0 at the top), ``p`` 1 for ON and 0 for OFF.
+CAMERA_EVENT_DTYPE = np.dtype([("t", "<i8"), ("x", "<u2"), ("y", "<u2"), ("p", "u1")])
+
+_SUFFIXES = {".npy": "npy", ".npz": "npz", ".aedat4": "aedat4", ".raw": "evt"}
+_EVT_WORD_BYTES = {"evt2": 4, "evt3": 2}
+_BLOCK_EVENTS = 1 << 16
+
+
+class EventFileError(ValueError):
+    """An event file that cannot be read, or an event in it that is wrong.
+
+    ``path`` is the file, ``position`` the index of the offending event (``None`` when
+    the problem is the file itself) and the message says both and what was expected.
+    """
+
+    def __init__(self, path, problem: str, position: int | None = None):
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem, self.position = Path(path), problem, position
+
+
+def _fail(path, problem: str, position: int | None = None):
+    raise EventFileError(path, problem, position)
+
+
+def _file_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in _SUFFIXES:
+        _fail(path, f"unknown event-file suffix {path.suffix!r}; expected one of "
+                    f"{', '.join(sorted(_SUFFIXES))}")
+    if suffix != ".raw":
+        return _SUFFIXES[suffix]
+    header = _evt_header(path)
+    text = " ".join(header).lower()
+    for version in ("evt3", "evt2"):
+        if f"evt {version[-1]}.0" in text or f"format {version}" in text:
+            return version
+    _fail(path, "is not an EVT 2.0 or EVT 3.0 recording: its header (lines starting "
+                "with '%') names no 'evt 2.0' / 'evt 3.0' format")
+
+
+def _evt_header(path: Path) -> list[str]:
+    """The ``%`` header lines of a Prophesee ``.raw`` file."""
+    lines = []
+    with open(path, "rb") as f:
+        while f.peek(1)[:1] == b"%":
+            lines.append(f.readline().decode("ascii", "replace").strip())
+    return lines
+
+
+def _evt_geometry(header: list[str]) -> tuple[int, int] | None:
+    """``(width, height)`` from an EVT header (``% geometry WxH`` or ``format ...;width=W;
+    height=H``), ``None`` when it gives none."""
+    for line in header:
+        fields = line.lstrip("% ").split()
+        if fields[:1] == ["geometry"] and len(fields) == 2 and "x" in fields[1]:
+            width, _, height = fields[1].partition("x")
+            if width.isdigit() and height.isdigit():
+                return int(width), int(height)
+        if fields[:1] == ["format"] and len(fields) == 2:
+            keys = dict(item.partition("=")[::2] for item in fields[1].split(";"))
+            if keys.get("width", "").isdigit() and keys.get("height", "").isdigit():
+                return int(keys["width"]), int(keys["height"])
+    return None
+
+
+def _faery(path: Path, kind: str):
+    try:
+        import faery
+    except ImportError:
+        raise ImportError(
+            f"reading {path} ({kind}) needs the faery package: pip install "
+            "'braintrace_conv[events]' (or pip install faery)") from None
+    return faery
+
+
+# --------------------------------------------------------------------------- checks
+def _check_fields(path: Path, dtype: np.dtype) -> tuple[str, ...]:
+    """The coordinate fields of a structured event dtype (``('x',)`` or ``('x', 'y')``)."""
+    names = dtype.names or ()
+    coordinates = ("x", "y") if "y" in names else ("x",)
+    missing = [f for f in ("t", *coordinates, "p") if f not in names]
+    if dtype.names is None or missing:
+        _fail(path, f"holds an array of dtype {dtype}; expected a structured event array "
+                    "with fields t, x[, y], p" + (f" (missing {missing})" if names else ""))
+    for name in ("t", *coordinates, "p"):
+        kind = dtype[name].kind
+        if kind not in "biuf":
+            _fail(path, f"events field {name!r} has dtype {dtype[name]}; expected numbers")
+    return coordinates
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.argmax(mask))
+
+
+def check_events(path, offset: int, events: np.ndarray, previous_t, extents: dict) -> None:
+    """Raise :class:`EventFileError` for the first wrong event of ``events`` (event
+    ``offset + i`` of ``path``). ``previous_t`` is the timestamp of the event before
+    (``None`` at the start); ``extents`` maps coordinate fields to their sizes (a size
+    ``None``: no upper bound known)."""
+    if not len(events):
+        return
+    t = events["t"]
+    if t.dtype.kind == "f" and not np.isfinite(t).all():
+        i = _first(~np.isfinite(t))
+        _fail(path, f"event {offset + i} has the timestamp {t[i]}; expected a finite "
+                    "number of microseconds", offset + i)
+    if t.dtype.kind != "u" and (t < 0).any():
+        i = _first(t < 0)
+        _fail(path, f"event {offset + i} has the negative timestamp {t[i]} us; timestamps "
+                    "count microseconds from the start of the recording", offset + i)
+    # compare, never subtract: unsigned timestamps would wrap around
+    earlier = np.concatenate(([previous_t is not None and t[0] < previous_t], t[1:] < t[:-1]))
+    if earlier.any():
+        i = _first(earlier)
+        before = t[i - 1] if i else previous_t
+        _fail(path, f"event {offset + i} has the timestamp {t[i]} us, earlier than event "
+                    f"{offset + i - 1}'s {before} us; events must be in time order",
+              offset + i)
+    for name, size in extents.items():
+        values = events[name]
+        bad = values < 0 if values.dtype.kind != "u" else np.zeros(len(values), bool)
+        if size is not None:
+            bad |= values >= size
+        if values.dtype.kind == "f":
+            bad |= values != np.round(values)
+        if bad.any():
+            i = _first(bad)
+            bound = f"[0, {size})" if size is not None else "non-negative"
+            _fail(path, f"event {offset + i} has {name} = {values[i]}; expected an integer "
+                        f"pixel coordinate in {bound}", offset + i)
+    p = events["p"]
+    bad = ~((p == 0) | (p == 1) | (p == -1))
+    if bad.any():
+        i = _first(bad)
+        _fail(path, f"event {offset + i} has the polarity p = {p[i]}; expected 1 (ON) or "
+                    "0 / -1 (OFF)", offset + i)
+
+
+# --------------------------------------------------------------------------- sources
+def _npz_entry(path: Path) -> tuple[str, tuple, np.dtype]:
+    """``(name, shape, dtype)`` of the event array of an ``.npz`` file."""
+    entries = {name: (shape, dtype) for name, shape, dtype in npy_entries(path)}
+    if "events" in entries:
+        name = "events"
+    elif len(entries) == 1:
+        name = next(iter(entries))
+    else:
+        _fail(path, f"must hold an array named 'events' or exactly one array, got "
+                    f"{sorted(entries)}")
+    return (name, *entries[name])
+
+
+def _skip_npy_header(f) -> None:
+    """Move ``f`` past the ``.npy`` header at its position."""
+    version = npy_format.read_magic(f)
+    (npy_format.read_array_header_1_0 if version == (1, 0)
+     else npy_format.read_array_header_2_0)(f)
+
+
+def _stored_npz_memmap(path: Path, name: str, shape, dtype):
+    """A read-only memory map of the stored (uncompressed) entry ``name``, else ``None``."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(name + ".npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)
+        name_bytes, extra_bytes = struct.unpack("<HH", local[26:30])
+        f.seek(info.header_offset + 30 + name_bytes + extra_bytes)
+        _skip_npy_header(f)   # the header itself was checked by npy_entries
+        offset = f.tell()
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def _deflated_npz_blocks(path: Path, name: str, dtype, block: int) -> Iterator[np.ndarray]:
+    with zipfile.ZipFile(path) as archive, archive.open(name + ".npy") as entry:
+        _skip_npy_header(entry)
+        while data := entry.read(block * dtype.itemsize):
+            yield np.frombuffer(data, dtype=dtype)
+
+
+def _camera_blocks(path: Path, kind: str) -> Iterator[np.ndarray]:
+    faery = _faery(path, kind.upper())
+    version = None if kind == "aedat4" else kind
+    decoder = faery.file_decoder.Decoder(path, version_fallback=version,
+                                         file_type="aedat" if kind == "aedat4" else "evt")
+    for packet in decoder:
+        events = np.empty(len(packet), CAMERA_EVENT_DTYPE)
+        events["t"], events["x"], events["y"] = packet["t"], packet["x"], packet["y"]
+        events["p"] = packet["p"]
+        yield events
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """What opening a file found: format, sensor extents, event count, and the memory map
+    of an array file that can be mapped (``None`` for sequential formats)."""
+
+    kind: str
+    dtype: np.dtype
+    coordinates: tuple
+    sensor: tuple | None
+    num_events: int | None
+    array: np.ndarray | None
+
+
+def _open(path: Path) -> _Layout:
+    kind = _file_format(path)
+    if kind == "npy":
+        shape, dtype = npy_header(path)
+        coordinates = _check_fields(path, dtype)
+        if len(shape) != 1:
+            _fail(path, f"holds an event array of shape {shape}; expected one dimension")
+        array = np.load(path, mmap_mode="r", allow_pickle=False) if shape[0] else \
+            np.zeros(0, dtype)
+        return _Layout(kind, dtype, coordinates, None, shape[0], array)
+    if kind == "npz":
+        name, shape, dtype = _npz_entry(path)
+        coordinates = _check_fields(path, dtype)
+        if len(shape) != 1:
+            _fail(path, f"holds an event array of shape {shape}; expected one dimension")
+        array = _stored_npz_memmap(path, name, shape, dtype) if shape[0] else np.zeros(0, dtype)
+        return _Layout(kind, dtype, coordinates, None, shape[0], array)
+    if kind == "aedat4":
+        return _open_aedat4(path)
+    header = _evt_header(path)
+    data_bytes = path.stat().st_size - sum(len(line) + 1 for line in header)
+    if data_bytes % _EVT_WORD_BYTES[kind]:
+        _fail(path, f"its {kind.upper()} data holds {data_bytes} bytes, not a whole number "
+                    f"of {_EVT_WORD_BYTES[kind]}-byte words (a truncated file?)")
+    return _Layout(kind, CAMERA_EVENT_DTYPE, ("x", "y"), _evt_geometry(header), None, None)
+
+
+def _open_aedat4(path: Path) -> _Layout:
+    faery = _faery(path, "AEDAT4")
+    try:
+        with faery.file_decoder.aedat.Decoder(path) as decoder:
+            tracks = [t for t in decoder.tracks() if t.data_type == "events"]
+            if not tracks:
+                _fail(path, "holds no event track (AEDAT4 tracks: "
+                            f"{[t.data_type for t in decoder.tracks()]})")
+            count = sum(d.elements_count for d in decoder.file_data_definitions()
+                        if d.track_id == tracks[0].id)
+    except EventFileError:
+        raise
+    except Exception as err:   # faery raises plain exceptions for damaged files
+        _fail(path, f"is not a readable AEDAT4 file ({type(err).__name__}: {err})")
+    return _Layout("aedat4", CAMERA_EVENT_DTYPE, ("x", "y"), tuple(tracks[0].dimensions),
+                   count, None)
+
+
+class EventReader:
+    """One recording, read in time order block by block, never whole.
+
+    ``.npy`` files and stored ``.npz`` entries are memory-mapped, so :meth:`blocks`
+    starts at any event and :meth:`seek_time` bisects the timestamps, both without reading
+    what lies before. Deflated ``.npz`` entries and camera files are decoded from their
+    start: reaching event ``n`` costs decoding ``n`` events (memory stays at one block).
+    Every event read is checked (module docstring).
+
+    Args:
+      path: An event file (module docstring for the formats).
+      sensor_size: ``(W, H, P)`` (or ``(X, P)`` for events without ``y``) in tonic's
+        order, to check coordinates against; a camera file's header gives ``W`` and
+        ``H`` itself and must agree.
+      block_events: Events per block of :meth:`blocks` (camera files: at most this many;
+        their packets may be smaller).
+
+    Attributes:
+      path: The file.
+      format: ``'npy'``, ``'npz'``, ``'aedat4'``, ``'evt2'`` or ``'evt3'``.
+      dtype: The dtype of the events read (stored, or :data:`CAMERA_EVENT_DTYPE`).
+      sensor_size: ``(W, H)`` (or ``(X,)``) from the header or ``sensor_size``; ``None``
+        when neither gives it.
+      num_events: Number of events when the file says so without being decoded (all
+        formats but EVT), else ``None``.
+
+    Raises:
+      EventFileError: an unknown suffix, a foreign, truncated or damaged file, or a file
+        whose size disagrees with ``sensor_size``.
+      ImportError: a camera file without the ``faery`` package.
+    """
+
+    def __init__(self, path, *, sensor_size: tuple | None = None,
+                 block_events: int = _BLOCK_EVENTS):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"event file {str(self.path)!r} does not exist")
+        self._block = integer("block_events", block_events, sign="positive")
+        try:
+            layout = _open(self.path)
+        except NpyFileError as err:
+            raise EventFileError(self.path, err.problem) from None
+        self.format, self.num_events, self._array = layout.kind, layout.num_events, layout.array
+        self.dtype = layout.dtype
+        self._coordinates = layout.coordinates
+        self.sensor_size = self._sensor(layout.sensor, sensor_size)
+
+    def _sensor(self, from_file, given) -> tuple | None:
+        if given is None:
+            return from_file
+        given = tuple(int(s) for s in given)[: len(self._coordinates)]
+        if len(given) != len(self._coordinates):
+            raise ValueError(f"sensor_size {given!r} does not fit the coordinates "
+                             f"{self._coordinates} of {self.path}")
+        if from_file is not None and tuple(from_file) != given:
+            _fail(self.path, f"is a {from_file[0]} x {from_file[1]} recording, but "
+                             f"sensor_size gives {given[0]} x {given[1]}")
+        return given
+
+    def __repr__(self) -> str:
+        return (f"EventReader({str(self.path)!r}, format={self.format!r}, "
+                f"sensor_size={self.sensor_size}, num_events={self.num_events})")
+
+    @property
+    def seekable(self) -> bool:
+        """Whether the file is memory-mapped: any event is reached without decoding those
+        before it."""
+        return self._array is not None
+
+    def _extents(self) -> dict:
+        sizes = self.sensor_size or (None,) * len(self._coordinates)
+        return dict(zip(self._coordinates, sizes))
+
+    def blocks(self, start: int = 0) -> Iterator[tuple[int, np.ndarray]]:
+        """``(offset, events)`` from event ``start`` to the end of the file, in order;
+        ``offset`` is the index of the block's first event. Blocks are fresh arrays
+        (never views of the file), checked before they are yielded."""
+        start = integer("start", start, sign="non-negative")
+        extents, previous = self._extents(), None
+        if self._array is not None:
+            if start:
+                previous = self._array["t"][start - 1] if start <= len(self._array) else None
+            for offset in range(start, len(self._array), self._block):
+                events = np.array(self._array[offset:offset + self._block])
+                check_events(self.path, offset, events, previous, extents)
+                previous = events["t"][-1]
+                yield offset, events
+            return
+        offset = 0
+        try:
+            for events in self._sequential():
+                for cut in range(0, len(events), self._block):
+                    part = events[cut:cut + self._block]
+                    check_events(self.path, offset, part, previous, extents)
+                    previous = part["t"][-1] if len(part) else previous
+                    if offset + len(part) > start:
+                        yield max(offset, start), np.array(part[max(start - offset, 0):])
+                    offset += len(part)
+        except (EventFileError, ImportError):
+            raise
+        except Exception as err:   # faery and zlib raise plain exceptions for damaged data
+            _fail(self.path, f"cannot be decoded after event {offset}, the file is damaged "
+                             f"or truncated ({type(err).__name__}: {err})", offset)
+
+    def _sequential(self) -> Iterator[np.ndarray]:
+        if self.format == "npz":
+            name, _, dtype = _npz_entry(self.path)
+            return _deflated_npz_blocks(self.path, name, dtype, self._block)
+        return _camera_blocks(self.path, self.format)
+
+    def time_range(self) -> tuple | None:
+        """``(first, last)`` timestamps of the file, microseconds; ``None`` when it holds no
+        events. Memory-mapped files read two events; others are decoded (and checked)
+        to the end."""
+        if self._array is not None:
+            return (self._array[0]["t"], self._array[-1]["t"]) if len(self._array) else None
+        first = last = None
+        for _, events in self.blocks():
+            if len(events):
+                first = events["t"][0] if first is None else first
+                last = events["t"][-1]
+        return None if first is None else (first, last)
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Events ``start`` to ``stop - 1`` (to the end when ``stop`` is ``None``), checked."""
+        parts = []
+        for offset, events in self.blocks(start):
+            if stop is not None and offset >= stop:
+                break
+            parts.append(events if stop is None else events[: max(stop - offset, 0)])
+        return np.concatenate(parts) if parts else self._empty()
+
+    def _empty(self) -> np.ndarray:
+        return np.zeros(0, self.dtype)
+
+    def seek_time(self, t_us: float) -> int:
+        """Index of the first event at or after ``t_us`` microseconds (the number of
+        events when there is none). Memory-mapped files bisect; others decode up to it."""
+        if self._array is not None:
+            low, high = 0, len(self._array)
+            while low < high:          # bisect on single elements: no copy of the column
+                middle = (low + high) // 2
+                if self._array[middle]["t"] < t_us:
+                    low = middle + 1
+                else:
+                    high = middle
+            return low
+        end = 0
+        for offset, events in self.blocks():
+            inside = int(np.searchsorted(events["t"], t_us, side="left"))
+            if inside < len(events):
+                return offset + inside
+            end = offset + len(events)
+        return end
+
+    def read_time(self, t_start_us: float, t_stop_us: float) -> np.ndarray:
+        """Events with ``t_start_us <= t < t_stop_us``, checked."""
+        start = self.seek_time(t_start_us)
+        parts = []
+        for _, events in self.blocks(start):
+            inside = int(np.searchsorted(events["t"], t_stop_us, side="left"))
+            parts.append(events[:inside])
+            if inside < len(events):
+                break
+        return np.concatenate(parts) if parts else self._empty()
+
+
+def read_events(path, *, sensor_size: tuple | None = None) -> np.ndarray:
+    """Every event of an event file, checked, as one structured array.
+
+    ``.npy`` files and stored ``.npz`` entries come back as read-only memory maps (the
+    file is checked block by block, never held in memory at once); deflated ``.npz``
+    entries and camera files are decoded into one array. For recordings longer than
+    memory, walk them with :class:`EventReader` instead, or stream them with
+    :class:`~braintrace_conv.data.EventStream`.
+
+    Args:
+      path: A ``.npy``, ``.npz``, ``.aedat4`` or Prophesee ``.raw`` (EVT 2.0 / 3.0) file
+        (module docstring).
+      sensor_size: ``(W, H, P)`` in tonic's order, to check coordinates against (camera
+        files carry their own and must agree).
+
+    Returns:
+      Structured array ``(E,)`` with ``t`` (microseconds, non-decreasing), ``x``, ``y``
+      (for 2-D sensors) and ``p``: the stored dtype for ``.npy``/``.npz`` (as
+      :func:`~braintrace_conv.data.load_event_file` returns it), else
+      :data:`CAMERA_EVENT_DTYPE`.
+
+    Raises:
+      EventFileError: the file is foreign, truncated or damaged, or an event is wrong
+        (negative or decreasing timestamp, coordinate outside the sensor, polarity not
+        0/1/-1): one sentence naming the file and the event's index.
+      ImportError: a camera file without the ``faery`` package.
+    """
+    reader = EventReader(path, sensor_size=sensor_size)
+    if reader.seekable:
+        for _ in reader.blocks():
+            pass
+        return reader._array
+    if reader.num_events is None:
+        return reader.read()
+    events = np.empty(reader.num_events, reader.dtype)
+    filled = 0
+    for offset, block in reader.blocks():
+        if offset + len(block) > len(events):
+            _fail(reader.path, f"holds more events than the {len(events)} its index "
+                               "declares (a damaged file?)", offset)
+        events[offset:offset + len(block)] = block
+        filled = offset + len(block)
+    if filled != len(events):
+        _fail(reader.path, f"holds {filled} events, fewer than the {len(events)} its index "
+                           "declares (a truncated file?)", filled)
+    return events
