@@ -26,7 +26,6 @@ multiple of ``k`` give the gradients of one whole-sequence call.
 from __future__ import annotations
 
 import abc
-import math
 from typing import Callable
 
 import brainstate
@@ -35,13 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..primitive import apply_state_jacobian
+from . import _scan
 from ._analysis.graph import StepGraph, analyse
-from ._analysis.signals import (StepSignals, init_release, jacobian_reads_only_state,
-                                scalar_loss, state_jacobian, step_signals)
+from ._analysis.signals import StepSignals, init_release, jacobian_reads_only_state
 from ._analysis.step import StepJaxpr, capture_step
-from .report import (APPROX_READOUT, EXACT_OUTPUT_PARAM, EXACT_READOUT, MIXING_PARAM, UNUSED,
-                     Report)
+from .report import Report, online_rows
 
 __all__ = ['Learner', 'OnlineLearner', 'Report']
 
@@ -78,19 +75,6 @@ def _signature(step_inputs, model):
             tuple((np.shape(a), jnp.result_type(a)) for a in states))
 
 
-def sequence_loss(step: StepJaxpr, loss_fn, params, hidden, xs, targets, return_outputs):
-    """``(sum_t loss_fn(output_t, target_t), (final hidden, outputs or None))``: the model step
-    scanned over ``xs`` from ``hidden`` (flat leaves), differentiable in every argument."""
-    def body(h, inp):
-        x, target = inp
-        new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
-        out = jax.tree.unflatten(step.out_tree, out)
-        return new_h, (scalar_loss(loss_fn, out, target), out if return_outputs else None)
-
-    h_final, (losses, outs) = lax.scan(body, hidden, (xs, targets))
-    return jnp.sum(losses), (h_final, outs)
-
-
 def _window_value(window):
     if window is None:
         return None
@@ -99,10 +83,6 @@ def _window_value(window):
         raise ValueError(f'window must be None (eligibility traces only) or a positive integer '
                          f'number of time steps, got {window!r}.')
     return int(window)
-
-
-def _no_loss(output, target):
-    return jnp.zeros(())
 
 
 class Learner(abc.ABC):
@@ -145,7 +125,7 @@ class Learner(abc.ABC):
             self._batch = batch
         step, prepared = self._capture(xs)
         hidden = step.hidden_leaves()
-        return self._call(step, prepared, loss_fn, hidden, self._state_buffers(prepared, hidden),
+        return self._call(step, prepared, loss_fn, hidden, self._take_state_buffers(prepared, hidden),
                           xs, targets, return_outputs, keep=False)
 
     def reset(self, batch_size: int) -> None:
@@ -257,7 +237,9 @@ class Learner(abc.ABC):
         return self._last
 
     def _prepare(self, step: StepJaxpr):
-        """What the algorithm needs from a captured step (BPTT: the step itself)."""
+        """What the algorithm needs from a captured step, passed to its methods as
+        ``prepared`` (BPTT: the step itself; the online executors: its analysis, a
+        :class:`~._analysis.graph.StepGraph`)."""
         return step
 
     def _jitted(self, prepared, loss_fn, return_outputs):
@@ -266,10 +248,9 @@ class Learner(abc.ABC):
         ``state`` is donated: the algorithm's state (D-RTRL's traces, up to
         gigabytes) is advanced in the buffers it arrives in and returned in them.
         With ``keep`` false it starts at zero, so a call that resets passes the
-        last call's buffers (:meth:`_state_buffers`). Memory the process has not
-        written yet costs a page fault per page at its first write; on the
-        DVS-sized net, zero traces in fresh memory cost more per call than several
-        steps (``docs/benchmarks.md``)."""
+        last call's buffers (:meth:`_take_state_buffers`): memory the process has
+        not written yet costs a page fault per page at its first write
+        (``docs/benchmarks.md``)."""
         key = (id(prepared), loss_fn, return_outputs)
         if key not in self._compiled:
             def run(p, h, s, keep, xs, ts):
@@ -278,10 +259,10 @@ class Learner(abc.ABC):
             self._compiled[key] = jax.jit(run, donate_argnums=2)
         return self._compiled[key]
 
-    def _state_buffers(self, prepared, hidden):
-        """Buffers for a call that starts from zero state: the last call's state when it
-        has this call's shapes and dtypes (the call zeroes and overwrites it), else
-        fresh zeros."""
+    def _take_state_buffers(self, prepared, hidden):
+        """Buffers for a call that starts from zero state, taken from the learner: the last
+        call's state when it has this call's shapes and dtypes (the call zeroes and
+        overwrites it, and the learner no longer holds it), else fresh zeros."""
         spec = self._state_specs.get(id(prepared))
         if self._carry is not None and spec is not None:
             last = self._carry[1]
@@ -295,7 +276,7 @@ class Learner(abc.ABC):
         return self._fresh_state(prepared, hidden)
 
     def _fresh_state(self, prepared, hidden):
-        """``_init_state``, remembering its shapes and dtypes for :meth:`_state_buffers`."""
+        """``_init_state``, remembering its shapes and dtypes for :meth:`_take_state_buffers`."""
         state = self._init_state(prepared, hidden)
         self._state_specs[id(prepared)] = jax.tree.map(
             lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), state)
@@ -414,15 +395,15 @@ class OnlineLearner(Learner):
         return jnp.result_type(*[op.y_aval.dtype for op in graph.ops]) if graph.ops \
             else jnp.result_type(float)
 
-    def _init_state(self, graph, hidden):
-        dtype = self.dtype(graph)
-        hidden_dtype = jnp.result_type(*[graph.step.hidden_vars[l].aval.dtype
-                                         for grp in graph.groups for l in grp.leaves]
+    def _init_state(self, prepared, hidden):
+        dtype = self.dtype(prepared)
+        hidden_dtype = jnp.result_type(*[prepared.step.hidden_vars[leaf].aval.dtype
+                                         for grp in prepared.groups for leaf in grp.leaves]
                                        or [float])
-        dyn = [jnp.zeros((*graph.groups[dp.group].shape, graph.groups[dp.group].m), dtype)
-               for dp in graph.dynamic_params]
-        return dict(ops=self._init_traces(graph, hidden),
-                    release=init_release(graph, hidden_dtype), dyn=dyn)
+        dyn = [jnp.zeros((*prepared.groups[dp.group].shape, prepared.groups[dp.group].m), dtype)
+               for dp in prepared.dynamic_params]
+        return dict(ops=self._init_traces(prepared, hidden),
+                    release=init_release(prepared, hidden_dtype), dyn=dyn)
 
     def _early_jacobian(self, graph) -> bool:
         """Whether the state Jacobian of each step is evaluated at the end of the step
@@ -432,175 +413,14 @@ class OnlineLearner(Learner):
             self._early[id(graph)] = jacobian_reads_only_state(graph)
         return self._early[id(graph)]
 
-    def _first_jacobian(self, graph, hidden, params, weights, xs):
-        """The first step's state Jacobian when each step evaluates the next one's, else None."""
-        if not self._early_jacobian(graph):
-            return None
-        zeros_like = lambda a: jnp.zeros(a.shape, a.dtype)
-        return state_jacobian(
-            graph, hidden, params, weights, [zeros_like(a[0]) for a in jax.tree.leaves(xs)],
-            {k: zeros_like(op.y_aval) for k, op in enumerate(graph.ops)})
-
-    def _step(self, graph, params, weights, carry, x, target, loss_fn, op_outputs=None):
-        """One step: ``(signals, new carry)`` with the carry ``((h, A), state)``."""
-        (h, a), st = carry
-        sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
-                           st['release'], A=a, next_jacobian=self._early_jacobian(graph),
-                           op_outputs=op_outputs)
-        st = dict(ops=self._advance_ops(graph, st['ops'], sig, weights), release=sig.release,
-                  dyn=self._dynamic_traces(graph, st['dyn'], sig))
-        return sig, ((sig.new_hidden, sig.A_next), st)
-
-    def _sequence(self, graph, loss_fn, params, hidden, state, xs, targets, return_outputs):
-        if self.window is not None:
-            return self._windowed_sequence(graph, loss_fn, params, hidden, state, xs, targets,
-                                           return_outputs)
-        weights, pull_back = jax.vjp(graph.weights, params)
-        direct = sorted(graph.direct_params)
-        dtype = self.dtype(graph)
-        zeros = lambda a: jnp.zeros(jnp.shape(a), dtype)
-        zeros_w = jax.tree.map(zeros, weights)
-        zeros_p = [zeros(params[k]) for k in direct]
-        zeros_dyn = [jnp.zeros(graph.groups[dp.group].shape, dtype)
-                     for dp in graph.dynamic_params]
-        first_a = self._first_jacobian(graph, hidden, params, weights, xs)
-
-        def body(carry, inp):
-            step_carry, acc_w, acc_p, acc_dyn, loss_sum = carry
-            sig, step_carry = self._step(graph, params, weights, step_carry, *inp, loss_fn)
-            st = step_carry[1]
-            dw = self._op_grads(graph, st['ops'], sig.g, weights, sig)
-            acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[k])
-                     for k, a in enumerate(acc_w)]
-            acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, sig.direct_grads)]
-            # the within-step part (G_phi) is already in the parameter's direct gradient
-            acc_dyn = [acc + jnp.sum(sig.g[dp.group].astype(dtype)
-                                     * (e - sig.phi_inst[j].astype(dtype)), axis=-1)
-                       for j, (dp, acc, e) in enumerate(zip(graph.dynamic_params, acc_dyn,
-                                                            st['dyn']))]
-            out = jax.tree.unflatten(graph.step.out_tree, sig.outputs) if return_outputs else None
-            return (step_carry, acc_w, acc_p, acc_dyn,
-                    loss_sum + sig.loss.astype(loss_sum.dtype)), out
-
-        loss0 = jnp.zeros((), jnp.result_type(float))
-        (((hidden, _), state), acc_w, acc_p, acc_dyn, loss), outs = lax.scan(
-            body, (((hidden, first_a), state), zeros_w, zeros_p, zeros_dyn, loss0), (xs, targets))
-        grads = self._gather(graph, pull_back, weights, acc_w, acc_dyn, dict(zip(direct, acc_p)))
-        return loss, grads, hidden, state, outs
-
-    def _windowed_sequence(self, graph, loss_fn, params, hidden, state, xs, targets,
-                           return_outputs):
-        """Blocks of ``window`` steps: BPTT inside, traces across (class docstring)."""
-        k, step = self.window, graph.step
-        T = np.shape(jax.tree.leaves(xs)[0])[0]
-        weights, pull_back = jax.vjp(graph.weights, params)
-        dtype = self.dtype(graph)
-        zeros = lambda a: jnp.zeros(jnp.shape(a), dtype)
-        traced = sorted(graph.group_of_leaf)     # hidden leaves that carry traces
-
-        def block(carry, inp):
-            hidden, state, acc_p, acc_w, acc_dyn, loss_sum = carry
-            xb, tb = inp
-
-            def block_loss(p, h_traced):
-                h = list(hidden)
-                for leaf, v in zip(traced, h_traced):
-                    h[leaf] = v
-
-                def body(h, inp):
-                    x, target = inp
-                    new_h, out, rec = graph.run(h, p, jax.tree.leaves(x))
-                    out = jax.tree.unflatten(step.out_tree, out)
-                    return new_h, (scalar_loss(loss_fn, out, target),
-                                   out if return_outputs else None,
-                                   jax.tree.map(lax.stop_gradient, rec['op_outputs']))
-
-                _, (losses, outs, op_outputs) = lax.scan(body, h, (xb, tb))
-                return jnp.sum(losses), (outs, op_outputs)
-
-            # the ops' outputs of the block's forward pass serve the trace updates too
-            loss, vjp, (outs, op_outputs) = jax.vjp(
-                block_loss, params, [hidden[l] for l in traced], has_aux=True)
-            g_params, g_hidden = vjp(jnp.ones_like(loss))
-            dw, d_dyn = self._boundary(graph, state, dict(zip(traced, g_hidden)), weights)
-            acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, g_params)]
-            acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[j]) if j in dw else a
-                     for j, a in enumerate(acc_w)]
-            acc_dyn = [a + b for a, b in zip(acc_dyn, d_dyn)]
-            first_a = self._first_jacobian(graph, hidden, params, weights, xb)
-            ((hidden, _), state), _ = lax.scan(
-                lambda c, inp: (self._step(graph, params, weights, c, inp[0], None, _no_loss,
-                                           op_outputs=inp[1])[1], None),
-                ((hidden, first_a), state), (xb, op_outputs))
-            return (hidden, state, acc_p, acc_w, acc_dyn,
-                    loss_sum + loss.astype(loss_sum.dtype)), outs
-
-        carry = (hidden, state, [zeros(p) for p in params], jax.tree.map(zeros, weights),
-                 [jnp.zeros(graph.groups[dp.group].shape, dtype) for dp in graph.dynamic_params],
-                 jnp.zeros((), jnp.result_type(float)))
-        n_full, outs = T // k, []
-        if n_full:
-            blocks = lambda tree: jax.tree.map(
-                lambda a: jnp.reshape(a[:n_full * k], (n_full, k, *np.shape(a)[1:])), tree)
-            carry, o = lax.scan(block, carry, (blocks(xs), blocks(targets)))
-            if return_outputs:
-                outs.append(jax.tree.map(lambda a: jnp.reshape(a, (-1, *a.shape[2:])), o))
-        if T % k:
-            rest = lambda tree: jax.tree.map(lambda a: a[n_full * k:], tree)
-            carry, o = block(carry, (rest(xs), rest(targets)))
-            outs.append(o)
-        hidden, state, acc_p, acc_w, acc_dyn, loss = carry
-        outs = (jax.tree.map(lambda *a: jnp.concatenate(a), *outs) if return_outputs else None)
-        grads = self._gather(graph, pull_back, weights, acc_w, acc_dyn, dict(enumerate(acc_p)))
-        return loss, grads, hidden, state, outs
+    def _sequence(self, prepared, loss_fn, params, hidden, state, xs, targets, return_outputs):
+        scan = _scan.traced_sequence if self.window is None else _scan.windowed_sequence
+        return scan(self, prepared, loss_fn, params, hidden, state, xs, targets, return_outputs)
 
     def _boundary(self, graph, state, g_hidden, weights):
-        """Contract the cotangent of the block-start state (``{hidden leaf: dL/dh}``) with
-        the traces held there: ``({op: dw}, per dynamic parameter: per-element gradient)``."""
-        dtype = self.dtype(graph)
-        release = state['release']
-        g_hid, g_cut = [], []
-        for gi, grp in enumerate(graph.groups):
-            gh = jnp.stack([g_hidden[l] for l in grp.leaves], axis=-1).astype(dtype)
-            g_hid.append(gh)
-            g_cut.append(gh if gi not in release['R'] else
-                         jnp.einsum('...n,...nm->...m', gh, release['R'][gi].astype(dtype)))
-        dw = {k: self._contract(graph, k, state['ops'], graph.y_layout(op, g_cut[op.group], 1),
-                                weights)
-              for k, op in enumerate(graph.ops) if op.group is not None}
-        d_dyn = []
-        for j, dp in enumerate(graph.dynamic_params):
-            d = jnp.sum(g_cut[dp.group] * state['dyn'][j], axis=-1)
-            if j in release['Rphi']:   # dh/dphi at fixed z
-                d = d + jnp.sum(g_hid[dp.group] * release['Rphi'][j].astype(dtype), axis=-1)
-            d_dyn.append(d)
-        return dw, d_dyn
-
-    def _gather(self, graph, pull_back, weights, acc_w, acc_dyn, acc_p: dict):
-        """Parameter-leaf gradients from the accumulators: weight operands pulled back,
-        parameter gradients (``{leaf: acc}``) added, dynamic-parameter ones contracted."""
-        (grads,) = pull_back(jax.tree.map(lambda a, w: a.astype(w.dtype), acc_w, weights))
-        grads = list(grads)
-        for leaf, acc in acc_p.items():
-            grads[leaf] = grads[leaf] + acc.astype(grads[leaf].dtype)
-        for dp, acc in zip(graph.dynamic_params, acc_dyn):
-            grads[dp.leaf] = grads[dp.leaf] + jnp.reshape(
-                dp.contract(acc), grads[dp.leaf].shape).astype(grads[dp.leaf].dtype)
-        return grads
-
-    def _dynamic_traces(self, graph, traces, sig):
-        """The exact traces of parameters inside the dynamics, advanced by one step."""
-        dtype = self.dtype(graph)
-        return [apply_state_jacobian(sig.D[dp.group].astype(dtype), traces[j])
-                + sig.phi_in[j].astype(dtype) for j, dp in enumerate(graph.dynamic_params)]
-
-    def _op_grads(self, graph, ops_state, g, weights, sig):
-        """``{op: dw}`` of one step: traces contracted with the learning signals ``g`` (per
-        group), readouts' within-step gradients."""
-        return {k: (self.readout_dw(graph, k, sig, weights) if op.group is None else
-                    self._contract(graph, k, ops_state, graph.y_layout(op, g[op.group], 1)
-                                   .astype(self.dtype(graph)), weights))
-                for k, op in enumerate(graph.ops)}
+        """Contract the cotangent of a window's start state with the traces held there
+        (:func:`._scan.contract_boundary`); an executor may adjust its state first."""
+        return _scan.contract_boundary(self, graph, state, g_hidden, weights)
 
     @abc.abstractmethod
     def _init_traces(self, graph: StepGraph, hidden):
@@ -648,53 +468,9 @@ class OnlineLearner(Learner):
                                              sig.gamma[k].astype(dtype),
                                              self.op_weights(graph, k, weights), **op.params)
 
-    def _report(self, step, graph) -> Report:
-        state = jax.eval_shape(lambda: self._init_state(graph, None))
-        nbytes = lambda a: math.prod(a.shape) * a.dtype.itemsize
-        methods = {leaf: [] for leaf in range(step.n_params)}
-        bytes_of = {leaf: 0 for leaf in range(step.n_params)}
-        op_bytes = self._op_trace_bytes(graph, state['ops'])
-        for k, op in enumerate(graph.ops):
-            for slot, slot_leaves in op.slot_params.items():
-                if op.group is not None:
-                    method = self._trace_method(graph, k, slot)
-                    grp = graph.groups[op.group]
-                    if grp.feeds and method.startswith('exact'):
-                        method = (f'exact within its layer, truncated across layers '
-                                  f'({_across(grp, op.group)})')
-                    elif grp.feeds:
-                        method = f'{method}; truncated across layers ({_across(grp, op.group)})'
-                else:
-                    method = EXACT_READOUT if op.exact_readout else APPROX_READOUT
-                for leaf in slot_leaves:
-                    methods[leaf].append(f'{method} via {op.primitive.name} #{k}')
-                    bytes_of[leaf] += op_bytes.get(k, {}).get(slot, 0) // len(slot_leaves)
-        traced = set()
-        for dp, trace in zip(graph.dynamic_params, state['dyn']):
-            grp = graph.groups[dp.group]
-            method = ('exact trace (elementwise in the dynamics of '
-                      f'{"/".join(grp.names)}, summed over positions)')
-            if grp.feeds:
-                method = (f'exact within its layer, truncated across layers '
-                          f'({_across(grp, dp.group)}): elementwise in the dynamics of '
-                          f'{"/".join(grp.names)}')
-            methods[dp.leaf].append(method)
-            bytes_of[dp.leaf] += nbytes(trace)
-            traced.add(dp.leaf)
-        for leaf, kind in graph.direct_params.items():
-            if leaf not in traced:
-                methods[leaf].append(EXACT_OUTPUT_PARAM if kind == 'output' else MIXING_PARAM)
-        if self.window is not None:   # what is not exact already is exact within a window
-            methods = {leaf: [method if method.startswith('exact (instantaneous') else
-                              f'exact within windows of {self.window} steps; across windows: '
-                              f'{method}' for method in listed]
-                       for leaf, listed in methods.items()}
-        values = step.param_leaves()
-        rows = [dict(parameter=step.param_names[leaf], path=step.param_paths[leaf],
-                     shape=tuple(np.shape(values[leaf])),
-                     method='; '.join(methods[leaf]) or UNUSED, trace_bytes=bytes_of[leaf])
-                for leaf in range(step.n_params)]
-        return Report(self.algorithm, rows)
+    def _report(self, step, prepared) -> Report:
+        state_shapes = jax.eval_shape(lambda: self._init_state(prepared, None))
+        return Report(self.algorithm, online_rows(self, step, prepared, state_shapes))
 
     @abc.abstractmethod
     def _trace_method(self, graph: StepGraph, k: int, slot: str) -> str:
@@ -703,12 +479,3 @@ class OnlineLearner(Learner):
     @abc.abstractmethod
     def _op_trace_bytes(self, graph: StepGraph, op_state) -> dict:
         """``{op: {slot: bytes}}`` of the op traces (from ``eval_shape`` of the state)."""
-
-
-def _across(group, index) -> str:
-    kinds = []
-    if index in group.feeds:
-        kinds.append('recurrent synapses onto the same neurons are cut from the trace')
-    if group.feeds - {index}:
-        kinds.append('its effect through the dynamics of later layers is cut')
-    return '; '.join(kinds)

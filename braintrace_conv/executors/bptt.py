@@ -10,7 +10,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .base import Learner, Report, sequence_loss
+from ._scan import scanned_loss
+from .base import Learner
+from .report import Report, bptt_rows
 
 __all__ = ['BPTT']
 
@@ -20,14 +22,10 @@ class BPTT(Learner):
 
     algorithm = 'BPTT'
 
-    def _sequence(self, step, loss_fn, params, hidden, state, xs, targets, return_outputs):
-        total = lambda p: sequence_loss(step, loss_fn, p, hidden, xs, targets, return_outputs)
+    def _sequence(self, prepared, loss_fn, params, hidden, state, xs, targets, return_outputs):
+        total = lambda p: scanned_loss(prepared, loss_fn, p, hidden, xs, targets, return_outputs)
         (loss, (hidden, outs)), grads = jax.value_and_grad(total, has_aux=True)(params)
         return loss, grads, hidden, state, outs
 
     def _report(self, step, prepared) -> Report:
-        leaves = step.param_leaves()
-        rows = [dict(parameter=name, path=path, shape=tuple(jnp.shape(v)), trace_bytes=0,
-                     method='exact (BPTT; memory grows with T)')
-                for name, path, v in zip(step.param_names, step.param_paths, leaves)]
-        return Report(self.algorithm, rows)
+        return Report(self.algorithm, bptt_rows(step))

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from ..primitive import DRTRL_RULES
 from .base import OnlineLearner
+from .report import DRTRL_TRACE
 
 __all__ = ['D_RTRL']
 
@@ -67,7 +68,7 @@ class D_RTRL(OnlineLearner):
                                                 **op.params)
 
     def _trace_method(self, graph, k, slot):
-        return 'exact trace (D-RTRL)'
+        return DRTRL_TRACE
 
     def _op_trace_bytes(self, graph, op_state):
         return {k: {slot: math.prod(a.shape) * a.dtype.itemsize for slot, a in t.items()}

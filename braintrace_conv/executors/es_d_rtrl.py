@@ -32,6 +32,7 @@ import numpy as np
 
 from ..primitive import ES_DRTRL_RULES, apply_state_jacobian
 from .base import OnlineLearner
+from .report import ES_OUTPUT_TRACE, es_factorised_trace
 from ._analysis.jaxpr import depends_on, is_literal
 from ._analysis.signals import init_release, step_signals
 
@@ -176,9 +177,8 @@ class ES_D_RTRL(OnlineLearner):
     # ------------------------------------------------------------------ report
     def _trace_method(self, graph, k, slot):
         if slot in self._input_free_slots(graph.ops[k]):
-            return 'exact trace (ES-D-RTRL output trace; does not involve x)'
-        how = 'given' if self.decay is not None else 'inferred from the model'
-        return f'approximate trace (ES-D-RTRL, decay {self.decays(graph)[k]:.4g}, {how})'
+            return ES_OUTPUT_TRACE
+        return es_factorised_trace(self.decays(graph)[k], given=self.decay is not None)
 
     def _op_trace_bytes(self, graph, op_state):
         slots, _ = self._input_slots(graph)

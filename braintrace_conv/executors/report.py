@@ -1,9 +1,15 @@
-"""What :meth:`Learner.report` returns: how each parameter gets its gradient."""
+"""What :meth:`Learner.report` returns: how each parameter gets its gradient, in words.
+
+Every phrase a report prints is here: the executors say which case a parameter falls
+into (:func:`online_rows`, :func:`bptt_rows`), this module says it.
+"""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
+import numpy as np
 
 __all__ = ['Report', 'EXACT_READOUT', 'APPROX_READOUT', 'EXACT_OUTPUT_PARAM', 'MIXING_PARAM',
            'UNUSED']
@@ -19,6 +25,18 @@ EXACT_OUTPUT_PARAM = 'exact (instantaneous: used only on the path to the output)
 MIXING_PARAM = ('approximate (instantaneous only: reaches hidden states through an op that mixes '
                 'positions, or only through other layers)')
 UNUSED = 'unused (the loss does not depend on it)'
+#: Every parameter under BPTT.
+BPTT_METHOD = 'exact (BPTT; memory grows with T)'
+#: D-RTRL's position-resolved trace of an op's operand.
+DRTRL_TRACE = 'exact trace (D-RTRL)'
+#: ES-D-RTRL's operands whose weight gradient does not involve the op's input (a bias).
+ES_OUTPUT_TRACE = 'exact trace (ES-D-RTRL output trace; does not involve x)'
+
+
+def es_factorised_trace(decay: float, given: bool) -> str:
+    """ES-D-RTRL's input trace (x) output trace of an op's operand, with its decay."""
+    how = 'given' if given else 'inferred from the model'
+    return f'approximate trace (ES-D-RTRL, decay {decay:.4g}, {how})'
 
 
 @dataclasses.dataclass
@@ -90,3 +108,81 @@ def _step_into(value, entry):
     if isinstance(entry, jax.tree_util.GetAttrKey):
         return getattr(value, entry.name)
     return jax.tree.leaves(value)[entry.key]       # FlattenedIndexKey of a custom node
+
+
+# ----------------------------------------------------------------------------- rows
+def bptt_rows(step) -> list:
+    """One row per parameter leaf of a captured step, for BPTT."""
+    return [dict(parameter=name, path=path, shape=tuple(np.shape(v)), trace_bytes=0,
+                 method=BPTT_METHOD)
+            for name, path, v in zip(step.param_names, step.param_paths, step.param_leaves())]
+
+
+def online_rows(learner, step, graph, state_shapes) -> list:
+    """One row per parameter leaf for an online learner: how each use of the parameter
+    gets its gradient (``learner._trace_method`` for a traced op operand) and the bytes
+    of the traces it needs (``state_shapes``: ``eval_shape`` of the learner's state)."""
+    methods = {leaf: [] for leaf in range(step.n_params)}
+    bytes_of = {leaf: 0 for leaf in range(step.n_params)}
+    _op_methods(learner, graph, state_shapes, methods, bytes_of)
+    traced = set()
+    for dp, trace in zip(graph.dynamic_params, state_shapes['dyn']):
+        methods[dp.leaf].append(_dynamic_method(graph, dp.group))
+        bytes_of[dp.leaf] += math.prod(trace.shape) * trace.dtype.itemsize
+        traced.add(dp.leaf)
+    for leaf, kind in graph.direct_params.items():
+        if leaf not in traced:
+            methods[leaf].append(EXACT_OUTPUT_PARAM if kind == 'output' else MIXING_PARAM)
+    if learner.window is not None:   # what is not exact already is exact within a window
+        methods = {leaf: [_windowed(method, learner.window) for method in listed]
+                   for leaf, listed in methods.items()}
+    values = step.param_leaves()
+    return [dict(parameter=step.param_names[leaf], path=step.param_paths[leaf],
+                 shape=tuple(np.shape(values[leaf])), method='; '.join(methods[leaf]) or UNUSED,
+                 trace_bytes=bytes_of[leaf])
+            for leaf in range(step.n_params)]
+
+
+def _op_methods(learner, graph, state_shapes, methods, bytes_of):
+    """The methods and trace bytes of every op operand, added per parameter leaf."""
+    op_bytes = learner._op_trace_bytes(graph, state_shapes['ops'])
+    for k, op in enumerate(graph.ops):
+        for slot, slot_leaves in op.slot_params.items():
+            if op.group is not None:
+                method = learner._trace_method(graph, k, slot)
+                grp = graph.groups[op.group]
+                if grp.feeds and method.startswith('exact'):
+                    method = (f'exact within its layer, truncated across layers '
+                              f'({_across(grp, op.group)})')
+                elif grp.feeds:
+                    method = f'{method}; truncated across layers ({_across(grp, op.group)})'
+            else:
+                method = EXACT_READOUT if op.exact_readout else APPROX_READOUT
+            for leaf in slot_leaves:
+                methods[leaf].append(f'{method} via {op.primitive.name} #{k}')
+                bytes_of[leaf] += op_bytes.get(k, {}).get(slot, 0) // len(slot_leaves)
+
+
+def _dynamic_method(graph, group_index) -> str:
+    """A parameter inside the dynamics of group ``group_index``."""
+    grp = graph.groups[group_index]
+    names = '/'.join(grp.names)
+    if grp.feeds:
+        return (f'exact within its layer, truncated across layers '
+                f'({_across(grp, group_index)}): elementwise in the dynamics of {names}')
+    return f'exact trace (elementwise in the dynamics of {names}, summed over positions)'
+
+
+def _windowed(method: str, window: int) -> str:
+    if method.startswith('exact (instantaneous'):
+        return method
+    return f'exact within windows of {window} steps; across windows: {method}'
+
+
+def _across(group, index) -> str:
+    kinds = []
+    if index in group.feeds:
+        kinds.append('recurrent synapses onto the same neurons are cut from the trace')
+    if group.feeds - {index}:
+        kinds.append('its effect through the dynamics of later layers is cut')
+    return '; '.join(kinds)

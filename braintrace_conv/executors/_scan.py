@@ -1,0 +1,229 @@
+"""The scans that drive the executors over a sequence (private).
+
+* :func:`scanned_loss`: the model step scanned over the sequence, differentiable in
+  every argument (what BPTT differentiates);
+* :func:`traced_sequence`: the online executors' per-step scan, which carries hidden
+  states, traces and gradient accumulators, so memory does not depend on ``T``;
+* :func:`windowed_sequence`: blocks of ``window`` steps, BPTT inside each block and
+  the traces across blocks (``docs/theory.md``, "Windows").
+
+The online scans call the learner's hooks (``_advance_ops``, ``_contract``,
+``_boundary``, ``readout_dw``, ``dtype``) and the per-step signals of
+:mod:`._analysis.signals`. Names: ``graph`` is the analysed step, ``weights`` the ETP
+ops' weight operands (``graph.weights(params)``), ``targets`` the per-step targets
+passed to ``loss_fn``, ``k`` an op index.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..primitive import apply_state_jacobian
+from ._analysis.signals import scalar_loss, state_jacobian, step_signals
+from ._analysis.step import StepJaxpr
+
+
+def scanned_loss(step: StepJaxpr, loss_fn, params, hidden, xs, targets, return_outputs):
+    """``(sum_t loss_fn(output_t, target_t), (final hidden, outputs or None))``: the model step
+    scanned over ``xs`` from ``hidden`` (flat leaves), differentiable in every argument."""
+    def body(h, inp):
+        x, target = inp
+        new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
+        out = jax.tree.unflatten(step.out_tree, out)
+        return new_h, (scalar_loss(loss_fn, out, target), out if return_outputs else None)
+
+    h_final, (losses, outs) = lax.scan(body, hidden, (xs, targets))
+    return jnp.sum(losses), (h_final, outs)
+
+
+def _no_loss(output, target):
+    return jnp.zeros(())
+
+
+# ----------------------------------------------------------------------------- one step
+def first_jacobian(learner, graph, hidden, params, weights, xs):
+    """The first step's state Jacobian when each step evaluates the next one's (see
+    ``jacobian_reads_only_state``), else None."""
+    if not learner._early_jacobian(graph):
+        return None
+    zeros_like = lambda a: jnp.zeros(a.shape, a.dtype)
+    return state_jacobian(
+        graph, hidden, params, weights, [zeros_like(a[0]) for a in jax.tree.leaves(xs)],
+        {k: zeros_like(op.y_aval) for k, op in enumerate(graph.ops)})
+
+
+def time_step(learner, graph, params, weights, carry, x, target, loss_fn, op_outputs=None):
+    """One time step: ``(signals, new carry)`` with the carry ``((h, A), state)``."""
+    (h, a), state = carry
+    sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
+                       state['release'], A=a, next_jacobian=learner._early_jacobian(graph),
+                       op_outputs=op_outputs)
+    state = dict(ops=learner._advance_ops(graph, state['ops'], sig, weights),
+                 release=sig.release, dyn=dynamic_traces(learner, graph, state['dyn'], sig))
+    return sig, ((sig.new_hidden, sig.A_next), state)
+
+
+def dynamic_traces(learner, graph, traces, sig):
+    """The exact traces of parameters inside the dynamics, advanced by one step."""
+    dtype = learner.dtype(graph)
+    return [apply_state_jacobian(sig.D[dp.group].astype(dtype), traces[j])
+            + sig.phi_in[j].astype(dtype) for j, dp in enumerate(graph.dynamic_params)]
+
+
+def op_grads(learner, graph, ops_state, g, weights, sig):
+    """``{op: dw}`` of one step: traces contracted with the learning signals ``g`` (per
+    group), readouts' within-step gradients."""
+    dtype = learner.dtype(graph)
+    return {k: (learner.readout_dw(graph, k, sig, weights) if op.group is None else
+                learner._contract(graph, k, ops_state, graph.y_layout(op, g[op.group], 1)
+                                  .astype(dtype), weights))
+            for k, op in enumerate(graph.ops)}
+
+
+# ----------------------------------------------------------------------------- whole sequence
+def traced_sequence(learner, graph, loss_fn, params, hidden, state, xs, targets,
+                    return_outputs):
+    """``(loss, param-leaf grads, hidden, state, outputs or None)``: the per-step scan."""
+    weights, pull_back = jax.vjp(graph.weights, params)
+    direct = sorted(graph.direct_params)
+    dtype = learner.dtype(graph)
+    zeros = lambda a: jnp.zeros(jnp.shape(a), dtype)
+    zeros_w = jax.tree.map(zeros, weights)
+    zeros_p = [zeros(params[leaf]) for leaf in direct]
+    zeros_dyn = [jnp.zeros(graph.groups[dp.group].shape, dtype) for dp in graph.dynamic_params]
+    first_a = first_jacobian(learner, graph, hidden, params, weights, xs)
+
+    def body(carry, inp):
+        step_carry, acc_w, acc_p, acc_dyn, loss_sum = carry
+        sig, step_carry = time_step(learner, graph, params, weights, step_carry, *inp, loss_fn)
+        dw = op_grads(learner, graph, step_carry[1]['ops'], sig.g, weights, sig)
+        acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[k])
+                 for k, a in enumerate(acc_w)]
+        acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, sig.direct_grads)]
+        # the within-step part (G_phi) is already in the parameter's direct gradient
+        acc_dyn = [acc + jnp.sum(sig.g[dp.group].astype(dtype)
+                                 * (e - sig.phi_inst[j].astype(dtype)), axis=-1)
+                   for j, (dp, acc, e) in enumerate(zip(graph.dynamic_params, acc_dyn,
+                                                        step_carry[1]['dyn']))]
+        out = jax.tree.unflatten(graph.step.out_tree, sig.outputs) if return_outputs else None
+        return (step_carry, acc_w, acc_p, acc_dyn,
+                loss_sum + sig.loss.astype(loss_sum.dtype)), out
+
+    carry = (((hidden, first_a), state), zeros_w, zeros_p, zeros_dyn,
+             jnp.zeros((), jnp.result_type(float)))
+    (((hidden, _), state), acc_w, acc_p, acc_dyn, loss), outs = lax.scan(body, carry,
+                                                                        (xs, targets))
+    grads = gather(graph, pull_back, weights, acc_w, acc_dyn, dict(zip(direct, acc_p)))
+    return loss, grads, hidden, state, outs
+
+
+def windowed_sequence(learner, graph, loss_fn, params, hidden, state, xs, targets,
+                      return_outputs):
+    """Blocks of ``learner.window`` steps: BPTT inside, traces across (``docs/theory.md``)."""
+    window = learner.window
+    T = np.shape(jax.tree.leaves(xs)[0])[0]
+    weights, pull_back = jax.vjp(graph.weights, params)
+    dtype = learner.dtype(graph)
+    zeros = lambda a: jnp.zeros(jnp.shape(a), dtype)
+    block = lambda carry, inp: _block(learner, graph, loss_fn, params, weights, return_outputs,
+                                      carry, inp)
+    carry = (hidden, state, [zeros(p) for p in params], jax.tree.map(zeros, weights),
+             [jnp.zeros(graph.groups[dp.group].shape, dtype) for dp in graph.dynamic_params],
+             jnp.zeros((), jnp.result_type(float)))
+    n_full, outs = T // window, []
+    if n_full:
+        blocks = lambda tree: jax.tree.map(
+            lambda a: jnp.reshape(a[:n_full * window], (n_full, window, *np.shape(a)[1:])), tree)
+        carry, o = lax.scan(block, carry, (blocks(xs), blocks(targets)))
+        if return_outputs:
+            outs.append(jax.tree.map(lambda a: jnp.reshape(a, (-1, *a.shape[2:])), o))
+    if T % window:
+        rest = lambda tree: jax.tree.map(lambda a: a[n_full * window:], tree)
+        carry, o = block(carry, (rest(xs), rest(targets)))
+        outs.append(o)
+    hidden, state, acc_p, acc_w, acc_dyn, loss = carry
+    outs = (jax.tree.map(lambda *a: jnp.concatenate(a), *outs) if return_outputs else None)
+    grads = gather(graph, pull_back, weights, acc_w, acc_dyn, dict(enumerate(acc_p)))
+    return loss, grads, hidden, state, outs
+
+
+def _block(learner, graph, loss_fn, params, weights, return_outputs, carry, inp):
+    """One block: BPTT of its loss from the stored block-start state, the block-start
+    cotangent contracted with the traces held there, then the traces advanced through
+    the block on the ops' outputs of its forward pass (no op is evaluated twice)."""
+    hidden, state, acc_p, acc_w, acc_dyn, loss_sum = carry
+    xb, tb = inp
+    dtype = learner.dtype(graph)
+    traced = sorted(graph.group_of_leaf)     # hidden leaves that carry traces
+    loss, vjp, (outs, op_outputs) = jax.vjp(
+        lambda p, h_traced: _block_loss(graph, loss_fn, p, hidden, traced, h_traced, xb, tb,
+                                        return_outputs),
+        params, [hidden[leaf] for leaf in traced], has_aux=True)
+    g_params, g_hidden = vjp(jnp.ones_like(loss))
+    dw, d_dyn = learner._boundary(graph, state, dict(zip(traced, g_hidden)), weights)
+    acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, g_params)]
+    acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[k]) if k in dw else a
+             for k, a in enumerate(acc_w)]
+    acc_dyn = [a + b for a, b in zip(acc_dyn, d_dyn)]
+    first_a = first_jacobian(learner, graph, hidden, params, weights, xb)
+    ((hidden, _), state), _ = lax.scan(
+        lambda c, step_in: (time_step(learner, graph, params, weights, c, step_in[0], None,
+                                      _no_loss, op_outputs=step_in[1])[1], None),
+        ((hidden, first_a), state), (xb, op_outputs))
+    return (hidden, state, acc_p, acc_w, acc_dyn, loss_sum + loss.astype(loss_sum.dtype)), outs
+
+
+def _block_loss(graph, loss_fn, params, hidden, traced, h_traced, xb, tb, return_outputs):
+    """``(loss of the block, (outputs or None, the ops' outputs per step))`` from the hidden
+    state ``hidden`` with its traced leaves replaced by ``h_traced``."""
+    h = list(hidden)
+    for leaf, v in zip(traced, h_traced):
+        h[leaf] = v
+
+    def body(h, inp):
+        x, target = inp
+        new_h, out, rec = graph.run(h, params, jax.tree.leaves(x))
+        out = jax.tree.unflatten(graph.step.out_tree, out)
+        return new_h, (scalar_loss(loss_fn, out, target), out if return_outputs else None,
+                       jax.tree.map(lax.stop_gradient, rec['op_outputs']))
+
+    _, (losses, outs, op_outputs) = lax.scan(body, h, (xb, tb))
+    return jnp.sum(losses), (outs, op_outputs)
+
+
+def contract_boundary(learner, graph, state, g_hidden, weights):
+    """Contract the cotangent of the block-start state (``{hidden leaf: dL/dh}``) with the
+    traces held there: ``({op: dw}, per dynamic parameter: per-element gradient)``."""
+    dtype = learner.dtype(graph)
+    release = state['release']
+    g_hid, g_cut = [], []
+    for gi, grp in enumerate(graph.groups):
+        gh = jnp.stack([g_hidden[leaf] for leaf in grp.leaves], axis=-1).astype(dtype)
+        g_hid.append(gh)
+        g_cut.append(gh if gi not in release['R'] else
+                     jnp.einsum('...n,...nm->...m', gh, release['R'][gi].astype(dtype)))
+    dw = {k: learner._contract(graph, k, state['ops'], graph.y_layout(op, g_cut[op.group], 1),
+                               weights)
+          for k, op in enumerate(graph.ops) if op.group is not None}
+    d_dyn = []
+    for j, dp in enumerate(graph.dynamic_params):
+        d = jnp.sum(g_cut[dp.group] * state['dyn'][j], axis=-1)
+        if j in release['Rphi']:   # dh/dphi at fixed z
+            d = d + jnp.sum(g_hid[dp.group] * release['Rphi'][j].astype(dtype), axis=-1)
+        d_dyn.append(d)
+    return dw, d_dyn
+
+
+def gather(graph, pull_back, weights, acc_w, acc_dyn, acc_p: dict):
+    """Parameter-leaf gradients from the accumulators: weight operands pulled back,
+    parameter gradients (``{leaf: acc}``) added, dynamic-parameter ones contracted."""
+    (grads,) = pull_back(jax.tree.map(lambda a, w: a.astype(w.dtype), acc_w, weights))
+    grads = list(grads)
+    for leaf, acc in acc_p.items():
+        grads[leaf] = grads[leaf] + acc.astype(grads[leaf].dtype)
+    for dp, acc in zip(graph.dynamic_params, acc_dyn):
+        grads[dp.leaf] = grads[dp.leaf] + jnp.reshape(
+            dp.contract(acc), grads[dp.leaf].shape).astype(grads[dp.leaf].dtype)
+    return grads
