@@ -30,14 +30,9 @@ minor axis, and its traces keep the output's layout ``(B, K, m, P)``.
 The per-step update multiplies ``D`` and ``Df`` (given per output element) into the
 trace, with its operands first brought into the trace's order (:func:`_transposed`),
 so that it runs over the trace in order. The contraction with ``g`` is one
-matrix-vector product per row, ``(P, N) @ (N,)``, batched over the rows. Measured
-with D-RTRL on a 2-core CPU against the sum of the broadcast product over a
-``(K, m, P, A, S)`` layout: 0.77-0.90x the step time on the reset-after-spike
-standard workload (channels last), 0.87x on the channels-last DVS-sized net, 0.95x on
-the channels-first one, and 0.90-1.01x on the standard workload with this library's
-channels-first layers. Before that, a channels-last output's own layout ``(..., K, m,
-P)`` had measured up to 6.8x slower on the DVS-sized net, whose contraction is then a
-column reduction.
+matrix-vector product per row, ``(P, N) @ (N,)``, batched over the rows, rather than a
+sum of a broadcast product, or a column reduction over a channels-last output's own
+layout (``docs/benchmarks.md`` gives the step times of each).
 """
 from __future__ import annotations
 
@@ -87,11 +82,9 @@ def _channels_last_conv(x, kernel, params):
     """``_lax_conv`` computed on channels-last copies of ``x`` and ``kernel``.
 
     XLA's CPU backend runs convolutions inside loop bodies (every executor's scan)
-    fast only in this layout. Measured per step in a scan against plain ``lax``
-    (``benchmarks/conv_lowering.py``, jaxlib 0.10, 2 cores): channels-first forward
-    1.0-51x faster (51x at 128 channels, 16x16), input gradient 0.9-56x, kernel
-    gradient 1.1-164x (lax's gradient convolutions keep operands in other orders),
-    channels-last forward equal. The transposes cost little next to that.
+    fast only in this layout, and lax's gradient convolutions keep their operands in
+    other orders; the transposes cost little next to that (``benchmarks/conv_lowering.py``,
+    tables in ``docs/benchmarks.md``, "Convolutions inside a loop").
     """
     dn, n_spatial = params['dimension_numbers'], x.ndim - 2
     x_cl = jnp.transpose(x, (dn.lhs_spec[0], *dn.lhs_spec[2:], dn.lhs_spec[1]))

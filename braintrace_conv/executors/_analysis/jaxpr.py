@@ -1,8 +1,10 @@
 """Walking a step's jaxpr: evaluation with hooks, sub-jaxprs, dependencies.
 
 Everything that reads raw jaxpr equations lives here, in :mod:`.positions`
-(which element each value comes from) and in the analysis that uses them; the
-executors only see :class:`.graph.EtpOp` fields. :func:`interpret` is the one
+(which element each value comes from), in :mod:`.step` and :mod:`.lift` (which rewrite
+the captured step) and in :mod:`.graph` (the analysis). The executors read the
+analysis (:class:`.graph.StepGraph`, its ops, groups and cuts); ES-D-RTRL also asks
+which operands' gradients involve an op's input. :func:`interpret` is the one
 interpreter of a step: plain, perturbed, partial or rebound.
 """
 from __future__ import annotations

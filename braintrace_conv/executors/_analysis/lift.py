@@ -1,7 +1,7 @@
 """A captured step rewritten for the analysis: plain ops lifted, poolings folded, forward mode.
 
-:func:`rewrite_step` re-traces a step's jaxpr three ways, none of which changes
-what the step computes:
+:func:`rewrite_step` re-traces a step's jaxpr twice (lifting with the forward mode,
+then the pooling folds), never changing what the step computes:
 
 * **lifting**: users write layers with plain JAX (``brainstate.nn.Conv2d``,
   ``brainstate.nn.Linear``, hand-written ``x @ W``). When the weight operand of such

@@ -101,7 +101,8 @@ def _per_group(graph: StepGraph, flat_cut, n_extra: int = 0):
 
 
 def _stack_columns(columns, count):
-    """``count`` column arrays ``(..., r)`` -> ``(..., r, count)`` (missing columns: zeros)."""
+    """The first ``count`` column arrays ``(..., r)`` -> ``(..., r, count)`` (the columns
+    are computed for the largest group; a smaller group uses its first ``count``)."""
     return jnp.stack(columns[:count], axis=-1)
 
 
