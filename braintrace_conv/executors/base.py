@@ -26,6 +26,9 @@ multiple of ``k`` give the gradients of one whole-sequence call.
 from __future__ import annotations
 
 import abc
+import collections
+import types
+import warnings
 from typing import Callable
 
 import brainstate
@@ -85,6 +88,48 @@ def _window_value(window):
     return int(window)
 
 
+#: Compiled programs a learner keeps (least recently used dropped first).
+MAX_COMPILED = 16
+
+
+def _loss_key(fn):
+    """The key under which programs compiled for the function ``fn`` are cached.
+
+    A plain Python function is keyed by its code and the values it reads when they are
+    all hashable (defaults, closure cells, the globals its code names): a lambda written
+    again at every call, ``learner.value_and_grad(lambda o, t: ..., xs, ys)``, then
+    compiles once, and a captured value that changes compiles anew. Anything else (a
+    callable object, a function capturing an array) is keyed by the object itself.
+    """
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    code, seen, stack = fn.__code__, set(), [fn.__code__]
+    names = []
+    while stack:                              # the code and the code objects nested in it
+        c = stack.pop()
+        names += [n for n in c.co_names if n in fn.__globals__ and n not in seen]
+        seen.update(c.co_names)
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    values = (fn.__defaults__, tuple(sorted((fn.__kwdefaults__ or {}).items())),
+              tuple(cell.cell_contents for cell in fn.__closure__ or ()),
+              tuple(fn.__globals__[n] for n in names))
+    typed = jax.tree.map(lambda v: (type(v), v), values)
+    try:
+        hash(typed)
+    except TypeError:
+        return fn
+    return code, typed
+
+
+def _code_of(key):
+    """The code object behind a :func:`_loss_key`, or None."""
+    if isinstance(key, types.FunctionType):
+        return key.__code__
+    if isinstance(key, tuple) and key and isinstance(key[0], types.CodeType):
+        return key[0]
+    return None
+
+
 class Learner(abc.ABC):
     """Base of the three executors (see module docstring)."""
 
@@ -95,12 +140,13 @@ class Learner(abc.ABC):
             raise TypeError(f'model must be a brainstate.nn.Module, got {type(model).__name__}.')
         self.model = model
         self._steps: dict = {}      # input signature -> (step, what _prepare made of it)
-        self._compiled: dict = {}
+        self._compiled = collections.OrderedDict()   # at most MAX_COMPILED programs
+        self._warned_recompile = False
         self._state_specs: dict = {}    # id(prepared) -> shapes and dtypes of its state
         self._carry = None          # (hidden leaves, algorithm state) between advance() calls
         self._batch = None          # the batch size hidden states were initialised for
         self._last = None           # (step, prepared) of the last call
-        self._checked_losses: set = set()
+        self._checked_losses = collections.OrderedDict()   # bounded like _compiled
 
     # ------------------------------------------------------------------ public API
     def value_and_grad(self, loss_fn: Callable, xs, targets, *, reset: bool = True,
@@ -178,18 +224,20 @@ class Learner(abc.ABC):
             brainstate.nn.init_all_states(self.model, batch)
             self._batch = batch
         step, _ = self._capture(xs)
-        key = ('predict', observe, _signature(jax.tree.map(lambda a: a[0], xs), self.model))
-        if key not in self._compiled:
-            def run(params, hidden, xs):
-                def body(h, x):
-                    new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
-                    out = jax.tree.unflatten(step.out_tree, out)
-                    if observe is None:
-                        return new_h, out
-                    return new_h, (out, step.observe(observe, new_h, params))
-                return lax.scan(body, hidden, xs)
-            self._compiled[key] = jax.jit(run)
-        hidden, outs = self._compiled[key](step.param_leaves(), step.hidden_leaves(), xs)
+        key = ('predict', _loss_key(observe),
+               _signature(jax.tree.map(lambda a: a[0], xs), self.model))
+
+        def run(params, hidden, xs):
+            def body(h, x):
+                new_h, out = step.evaluate(h, params, jax.tree.leaves(x))
+                out = jax.tree.unflatten(step.out_tree, out)
+                if observe is None:
+                    return new_h, out
+                return new_h, (out, step.observe(observe, new_h, params))
+            return lax.scan(body, hidden, xs)
+
+        hidden, outs = self._program(key, lambda: jax.jit(run), observe)(
+            step.param_leaves(), step.hidden_leaves(), xs)
         step.write_hidden(hidden)
         return outs
 
@@ -251,13 +299,36 @@ class Learner(abc.ABC):
         last call's buffers (:meth:`_take_state_buffers`): memory the process has
         not written yet costs a page fault per page at its first write
         (``docs/benchmarks.md``)."""
-        key = (id(prepared), loss_fn, return_outputs)
-        if key not in self._compiled:
-            def run(p, h, s, keep, xs, ts):
-                s = jax.tree.map(lambda a: jnp.where(keep, a, jnp.zeros((), a.dtype)), s)
-                return self._sequence(prepared, loss_fn, p, h, s, xs, ts, return_outputs)
-            self._compiled[key] = jax.jit(run, donate_argnums=2)
-        return self._compiled[key]
+        def run(p, h, s, keep, xs, ts):
+            s = jax.tree.map(lambda a: jnp.where(keep, a, jnp.zeros((), a.dtype)), s)
+            return self._sequence(prepared, loss_fn, p, h, s, xs, ts, return_outputs)
+
+        key = (id(prepared), _loss_key(loss_fn), return_outputs)
+        return self._program(key, lambda: jax.jit(run, donate_argnums=2), loss_fn)
+
+    def _program(self, key, build, fn):
+        """The program cached under ``key = (what, _loss_key(fn), *rest)`` (built by
+        ``build()`` when missing) for the user function ``fn``; the least recently used is
+        dropped beyond ``MAX_COMPILED``. Compiling again for the same code where only the
+        function object differs warns once."""
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+            return self._compiled[key]
+        code = getattr(fn, '__code__', None)
+        same_but_fn = lambda k: k[:1] + k[2:] == key[:1] + key[2:]
+        if (code is not None and not self._warned_recompile
+                and any(same_but_fn(k) and _code_of(k[1]) is code for k in self._compiled)):
+            self._warned_recompile = True
+            warnings.warn(
+                f'{type(self).__name__} compiles again for a new function object defined at '
+                f'{code.co_filename}:{code.co_firstlineno}: it captures values that change '
+                f'between calls or cannot be compared (arrays, say), so each is a new program '
+                f'(seconds each). Define the function once and pass the same object at every '
+                f'call, or pass changing values through the targets.', stacklevel=4)
+        program = self._compiled[key] = build()
+        while len(self._compiled) > MAX_COMPILED:
+            self._compiled.popitem(last=False)
+        return program
 
     def _take_state_buffers(self, prepared, hidden):
         """Buffers for a call that starts from zero state, taken from the learner: the last
@@ -290,8 +361,9 @@ class Learner(abc.ABC):
         out = jax.tree.unflatten(step.out_tree, outs)
         target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:],
                                                              jnp.result_type(a)), targets)
-        key = (loss_fn, str(shapes(out)), str(shapes(target)))
+        key = (_loss_key(loss_fn), str(shapes(out)), str(shapes(target)))
         if key in self._checked_losses:
+            self._checked_losses.move_to_end(key)
             return
         try:
             jax.eval_shape(loss_fn, out, target)
@@ -299,7 +371,9 @@ class Learner(abc.ABC):
             raise ValueError(f'loss_fn(output_t, target_t) fails for one step\'s model output '
                              f'{shapes(out)} and target {shapes(target)} (targets are (T, ...), '
                              f'time first, e.g. labels (T, B)): {err}') from err
-        self._checked_losses.add(key)
+        self._checked_losses[key] = True
+        while len(self._checked_losses) > MAX_COMPILED:
+            self._checked_losses.popitem(last=False)
 
     def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs, keep):
         self._check_loss(step, loss_fn, targets)

@@ -1,0 +1,77 @@
+"""The learner interface (``executors/base.py``): how calls are compiled and cached."""
+import warnings
+
+import brainstate
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import braintrace_conv as bc
+from snn_reference import xent
+
+pytestmark = pytest.mark.usefixtures('float64')
+
+TRACED = []     # one entry per trace of traced_xent, i.e. per compiled program
+SCALE = 1.0     # a global a loss function reads
+
+
+def traced_xent(out, label):
+    TRACED.append(1)
+    return xent(out, label)
+
+
+class Tiny(brainstate.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.W = brainstate.ParamState(jnp.asarray(np.random.default_rng(0).normal(size=(4, 3))))
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 3)))
+
+    def update(self, x):
+        self.h.value = 0.9 * self.h.value + bc.dense(x, self.W.value)
+        return jnp.tanh(self.h.value)
+
+
+def data(T=5, B=2):
+    rng = np.random.default_rng(1)
+    return jnp.asarray(rng.normal(size=(T, B, 4))), jnp.asarray(rng.integers(0, 3, (T, B)))
+
+
+@pytest.mark.parametrize('make', [bc.BPTT, bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, 0.9)])
+def test_a_loss_function_written_again_at_every_call_compiles_once(make):
+    learner, (xs, ys) = make(Tiny()), data()
+    call = lambda: learner.value_and_grad(lambda o, t: traced_xent(o, t), xs, ys)[0]
+    TRACED.clear()
+    losses = [call()]
+    first = len(TRACED)
+    losses += [call() for _ in range(4)]
+    assert first > 0 and len(TRACED) == first
+    np.testing.assert_allclose(losses, losses[0])
+
+
+def test_a_changed_captured_value_is_a_new_program():
+    global SCALE
+    learner, (xs, ys) = bc.D_RTRL(Tiny()), data()
+    scaled = lambda factor: learner.value_and_grad(lambda o, t: factor * xent(o, t), xs, ys)[0]
+    reads_global = lambda: learner.value_and_grad(lambda o, t: SCALE * xent(o, t), xs, ys)[0]
+    with pytest.warns(UserWarning, match='compiles again'):    # the value changed: said once
+        np.testing.assert_allclose(scaled(2.0), 2 * scaled(1.0))
+    one = reads_global()
+    SCALE = 3.0
+    try:
+        np.testing.assert_allclose(reads_global(), 3 * one)
+    finally:
+        SCALE = 1.0
+
+
+def test_a_loss_capturing_an_array_compiles_per_object_and_warns_once():
+    learner, (xs, ys) = bc.ES_D_RTRL(Tiny(), 0.9), data()
+    weight = jnp.ones(())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for _ in range(3):
+            learner.value_and_grad(lambda o, t: weight * xent(o, t), xs, ys)
+    messages = [str(w.message) for w in caught if 'compiles again' in str(w.message)]
+    assert len(messages) == 1 and 'test_base.py' in messages[0]
+    assert 'Define the function once' in messages[0]
