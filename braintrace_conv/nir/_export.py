@@ -251,6 +251,21 @@ def _pool(call: Call, index, ctx) -> Emitted:
     return _single(call, node, _canonical(out_shape, channels_last))
 
 
+def _sum_pool(call: Call, index, ctx) -> Emitted:
+    import nir
+    layer = call.module
+    _require_layout(call, index, False, 'channels first')
+    node = nir.SumPool2d(kernel_size=np.array(layer.kernel_size), stride=np.array(layer.stride),
+                         padding=np.array(layer.padding))
+    return _single(call, node, _canonical(_sample(call.out), False))
+
+
+def _delay(call: Call, index, ctx) -> Emitted:
+    import nir
+    steps = _to_nir(call.module.steps, index, _sample(call.arg))
+    return _single(call, nir.Delay(delay=steps * ctx.dt), index)
+
+
 # --------------------------------------------------------------------------- neurons
 def _reset(call, neuron_reset: str, ctx) -> dict:
     """Node metadata for a reset by subtraction, which NIR has no field for."""
@@ -348,13 +363,13 @@ def _brainpy_neuron(call: Call, index, ctx) -> Emitted:
     mant = lambda q_: np.asarray(u.get_mantissa(u.Quantity(q_).to(v_unit)))
     v_rest = mant(getattr(n, 'V_rest', 0 * v_unit))
     v_reset = mant(getattr(n, 'V_reset', 0 * v_unit))
-    if not np.allclose(mant(n.V.value), np.broadcast_to(v_rest, np.shape(n.V.value)), rtol=0, atol=0) \
-            or (hasattr(n, 'g') and np.any(np.asarray(u.get_mantissa(n.g.value)) != 0)):
+    v0, g0 = ctx.initial[id(n.V)], ctx.initial.get(id(getattr(n, 'g', None)), 0)
+    if np.any(mant(v0) != np.broadcast_to(v_rest, np.shape(v0))) or \
+            np.any(np.asarray(u.get_mantissa(g0)) != 0):
         raise NIRExportError(f'layer {name!r} ({type(n).__name__}): its initial state is not at '
                              f'rest, and NIR has no field for an initial state.')
     meta = _reset(call, n.spk_reset, ctx)
-    decay = np.exp(-np.asarray(u.get_mantissa((ctx.dt * u.second / n.tau).to(u.UNITLESS)),
-                               np.float64))
+    decay = np.exp(-np.asarray(u.maybe_decimal(ctx.dt * u.second / n.tau), np.float64))
     shape = _sample(call.arg)
     decay = _to_nir(decay, index, shape)
     tau = _time_constant(decay, ctx.dt, name)
@@ -371,7 +386,7 @@ def _recurrent_cell(call: Call, index, ctx) -> Emitted:
     cell = call.module
     parts = {}
     for part, arg, out in (('ff', call.arg, None), ('neuron', None, call.out), ('rec', call.out, None)):
-        parts[part] = Call(f'{call.name}.{part}', getattr(cell, part), arg, out)
+        parts[part] = Call(f'{call.name}_{part}', getattr(cell, part), arg, out)
     ff_out = np.zeros(np.shape(call.out))
     parts['ff'].out, parts['rec'].out = ff_out, ff_out
     parts['neuron'].arg = ff_out
@@ -397,8 +412,10 @@ def _table() -> list:
             ((nn.layers._ConvNd, brainstate.nn.Conv1d, brainstate.nn.Conv2d), _conv),
             ((brainstate.nn.Conv3d,), _refuse('NIR has 1-D and 2-D convolutions only.')),
             ((nn.Linear, brainstate.nn.Linear), _linear),
-            ((nn.Flatten, brainstate.nn.Flatten), _flatten),
+            ((nn.Flatten, brainstate.nn.Flatten, m.Flatten), _flatten),
             ((nn.AvgPool, brainstate.nn.AvgPool2d), _pool),
+            ((m.SumPool2d,), _sum_pool),
+            ((m.Delay,), _delay),
             ((brainstate.nn.MaxPool1d, brainstate.nn.MaxPool2d, brainstate.nn.MaxPool3d),
              _refuse('NIR 1.0 has sum and average pooling only, no max pooling.')),
             ((nn.Neuron,), _our_neuron),
@@ -506,6 +523,7 @@ class _Context:
     dtype: object
     subtract_reset: bool
     table: list
+    initial: dict     # id(HiddenState) -> its value before the step
 
 
 def _graph(calls, others, x, outputs, ctx):
@@ -601,8 +619,9 @@ def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
     dtypes = [np.asarray(u.get_mantissa(leaf)).dtype for st in
               work.states(brainstate.ParamState).values()
               for leaf in jax.tree.leaves(st.value, is_leaf=lambda a: isinstance(a, u.Quantity))]
+    initial = {id(st): st.value for st in work.states(brainstate.HiddenState).values()}
     ctx = _Context(float(dt), dtypes[0] if dtypes else np.dtype(brainstate.environ.dftype()),
-                   bool(subtract_reset), table)
+                   bool(subtract_reset), table, initial)
     with brainstate.environ.context(dt=_environment_dt(work, float(dt))):
         with _recording(work, table) as (calls, others, _):
             out = work.update(x)

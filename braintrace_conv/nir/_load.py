@@ -316,6 +316,20 @@ class Network(brainstate.nn.Module):
                 self.recomputed[src] = ([n for n in self.order if n in chain], sorted(boundary))
             else:
                 self.buffered.append(src)
+        self.live = self._live()
+
+    def _live(self) -> set:
+        """The nodes a step must evaluate: those the outputs and the kept delays depend on
+        (a recomputed delay needs the states of its neurons, not its chain's values)."""
+        live, todo = set(), list(self.output_names) + list(self.buffered)
+        while todo:
+            n = todo.pop()
+            if n in live:
+                continue
+            live.add(n)
+            for src, delayed in self.inputs.get(n, ()):
+                todo += self.recomputed[src][1] if delayed and src in self.recomputed else [src]
+        return live
 
     def init_state(self, batch_size: Optional[int] = None, **kwargs):
         """Create the delay buffers (zeros) of the cycles that cannot be recomputed."""
@@ -353,7 +367,7 @@ class Network(brainstate.nn.Module):
         delayed = self._previous()
         values = {self.input_name: x}
         for name in self.order:
-            if name != self.input_name:
+            if name != self.input_name and name in self.live:
                 values[name] = self._apply(name, values, delayed)
         for s in self.buffered:
             self.delayed[s].value = values[s]

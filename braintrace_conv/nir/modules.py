@@ -262,7 +262,15 @@ class CubaLI(NIRNeuron):
         self.decay, self.gain = _constant(1.0 - q_mem), _constant(np.asarray(r, np.float64) * q_mem)
         self.v_leak = _constant(np.broadcast_to(np.asarray(v_leak, np.float64), self.in_size))
 
-    init_state, reset_state = CubaLIF.init_state, CubaLIF.reset_state
+    def init_state(self, batch_size: Optional[int] = None, **kwargs):
+        """Create ``v`` (``v_leak``) and ``i`` (zeros)."""
+        super().init_state(batch_size)
+        self.i = brainstate.HiddenState(self._fresh(batch_size, 0.0))
+
+    def reset_state(self, batch_size: Optional[int] = None, **kwargs):
+        """Set ``v`` back to ``v_leak`` and ``i`` to zero."""
+        super().reset_state(batch_size)
+        self.i.value = self._fresh(batch_size, 0.0)
 
     def update(self, x) -> jax.Array:
         """One step; returns the new ``v``."""
