@@ -146,32 +146,33 @@ def _conv(call: Call, index, ctx) -> Emitted:
     if bias is None:
         bias = np.zeros(weight.shape[0])
     bias = np.asarray(bias).reshape(-1)
-    nir_padding = _conv_padding(call, padding, weight.shape[2:], dilation, n)
     stride, groups = tuple(int(s) for s in layer.stride), int(layer.groups)
     in_spatial = tuple(index.shape[1:])
+    nir_padding = _conv_padding(call, padding, weight.shape[2:], tuple(dilation), stride, in_spatial)
     cls = nir.Conv1d if n == 1 else nir.Conv2d
     node = cls(input_shape=in_spatial[0] if n == 1 else in_spatial,
                weight=weight.astype(np.float64), stride=stride[0] if n == 1 else stride,
-               padding=nir_padding, dilation=tuple(dilation)[0] if n == 1 else tuple(dilation),
+               padding=nir_padding[0] if n == 1 else nir_padding,
+               dilation=tuple(dilation)[0] if n == 1 else tuple(dilation),
                groups=groups, bias=bias.astype(np.float64))
     out_shape = tuple(np.shape(call.out))[1:]
     return _single(call, node, _canonical(out_shape, channels_last))
 
 
-def _conv_padding(call, padding, kernel, dilation, n):
+def _conv_padding(call, padding, kernel, dilation, stride, in_spatial):
+    """NIR padding (an int per spatial axis, both sides): what the layer pads, if symmetric."""
+    from jax import lax
+    effective = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
     if isinstance(padding, str):
-        if padding.upper() == 'VALID':
-            return 'valid'
-        if padding.upper() == 'SAME' and all((d * (k - 1)) % 2 == 0 for k, d in zip(kernel, dilation)):
-            return 'same'
-        raise NIRExportError(f'layer {call.name!r}: padding {padding!r} pads unequally on the two '
-                             f'sides, which NIR cannot express.')
-    pads = [tuple(p) if isinstance(p, (tuple, list)) else (p, p) for p in
-            (padding if isinstance(padding, (tuple, list)) else [padding] * n)]
+        pads = lax.padtype_to_pads(in_spatial, effective, stride, padding.upper())
+    else:
+        pads = [tuple(p) if isinstance(p, (tuple, list)) else (p, p) for p in
+                (padding if isinstance(padding, (tuple, list)) else [padding] * len(kernel))]
     if any(lo != hi or lo < 0 for lo, hi in pads):
-        raise NIRExportError(f'layer {call.name!r}: padding {padding!r} pads unequally on the two '
-                             f'sides (or crops), which NIR cannot express.')
-    return pads[0][0] if n == 1 else tuple(lo for lo, _ in pads)
+        raise NIRExportError(f'layer {call.name!r}: padding {padding!r} pads {list(map(tuple, pads))} '
+                             f'(low, high) here, unequal on the two sides (or cropping), which NIR '
+                             f'cannot express.')
+    return tuple(int(lo) for lo, _ in pads)
 
 
 def _single(call, node, index) -> Emitted:
@@ -303,6 +304,12 @@ def _our_neuron(call: Call, index, ctx) -> Emitted:
     tau = _time_constant(decay(n.tau), ctx.dt, call.name)
     r = _gain_factor(np.ones(()), tau, ctx.dt, call.name)
     v_leak = nir_(_plain(call.name, n.V_rest))
+    if ctx.unit_r and not isinstance(n, nn.CubaLIF):   # v scaled by q: r q = 1 becomes r = 1
+        q = ctx.dt / tau
+        r, v_leak = np.ones_like(tau), v_leak * q
+        if not isinstance(n, nn.LI):
+            v_th, v_reset = nir_(v_th) * q, v_reset * q
+            nir_ = lambda v: v
     if isinstance(n, nn.LI):
         node = nir.LI(tau=tau, r=r, v_leak=v_leak)
     elif isinstance(n, nn.CubaLIF):
@@ -522,6 +529,7 @@ class _Context:
     dt: float
     dtype: object
     subtract_reset: bool
+    unit_r: bool
     table: list
     initial: dict     # id(HiddenState) -> its value before the step
 
@@ -555,7 +563,7 @@ def _graph(calls, others, x, outputs, ctx):
 
 
 def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
-           subtract_reset: bool = False):
+           subtract_reset: bool = False, unit_r: bool = False):
     r"""Write a model as a NIR graph (and to a file), or refuse what NIR cannot express.
 
     One step of ``model.update(example_input)`` is run (on a copy: the model's states are
@@ -621,7 +629,7 @@ def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
               for leaf in jax.tree.leaves(st.value, is_leaf=lambda a: isinstance(a, u.Quantity))]
     initial = {id(st): st.value for st in work.states(brainstate.HiddenState).values()}
     ctx = _Context(float(dt), dtypes[0] if dtypes else np.dtype(brainstate.environ.dftype()),
-                   bool(subtract_reset), table, initial)
+                   bool(subtract_reset), bool(unit_r), table, initial)
     with brainstate.environ.context(dt=_environment_dt(work, float(dt))):
         with _recording(work, table) as (calls, others, _):
             out = work.update(x)

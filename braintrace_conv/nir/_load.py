@@ -414,10 +414,15 @@ def load(graph_or_path, dt: Optional[float] = None, *, reset: str = 'value',
       dt (float, optional): Step in seconds. Default: the ``dt`` in the graph's metadata
         (written by :func:`braintrace_conv.nir.export`); a graph without one needs it
         (snnTorch runs its graphs at 1e-4 s, Norse at 1e-3 s by default).
-      reset ({'value', 'subtract'}, default 'value'): ``'value'`` sets ``v`` to
-        ``v_reset`` after a spike, as NIR says. ``'subtract'`` lowers it by
-        ``v_threshold - v_reset`` instead: the reset of snnTorch's default ``Leaky`` and
-        of Sinabs' ``IAF``, which they export without saying (NIR has no field for it).
+      reset ({'value', 'subtract', 'subtract_after_leak'}, default 'value'): ``'value'``
+        sets ``v`` to ``v_reset`` after a spike, as NIR says. ``'subtract'`` lowers it by
+        ``v_threshold - v_reset`` instead, and ``'subtract_after_leak'`` subtracts that after
+        the leak of the next step (:mod:`~braintrace_conv.nir.modules`): the resets of
+        Sinabs' ``IAF`` and snnTorch's ``Leaky``/``Synaptic`` with ``reset_delay=False``,
+        and of snnTorch's default ``reset_delay=True``, which they export as ``v_reset``
+        (NIR has no field for a reset by subtraction). A node marked
+        ``{'reset': 'subtract'}`` in its metadata (by :func:`~braintrace_conv.nir.export`)
+        resets by subtraction whatever this option says.
       integrator ({'charge', 'euler'}, default 'charge'): How IF and I nodes integrate:
         ``v += r x`` per step (what every NIR library runs) or ``v += r dt x`` (NIR's
         :math:`\dot v = R I` by forward Euler).

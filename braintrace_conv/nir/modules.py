@@ -14,8 +14,11 @@ length ``dt`` (seconds) with the forward-Euler discretisation that the NIR libra
 
 A spiking node fires :math:`s_t = [v_t > v_{threshold}]` (strictly above, as NIR says),
 and :math:`\tilde v_{t-1}` is :math:`v_{t-1}` after the reset its spike causes: set to
-``v_reset`` (NIR), or lowered by ``v_threshold - v_reset`` with ``reset='subtract'``, a
-reset NIR has no field for (see :func:`braintrace_conv.nir.load`). The stored state is the
+``v_reset`` (``reset='value'``, NIR's), or lowered by ``v_threshold - v_reset``
+(``'subtract'``), a reset NIR has no field for (see :func:`braintrace_conv.nir.load`).
+``'subtract_after_leak'`` subtracts after the leak instead, :math:`v_t = v_{leak} + (v_{t-1}
+- v_{leak})(1 - q) + r q\, x_t - (v_{threshold} - v_{reset})\, s_{t-1}`: snnTorch's subtract
+reset with its default ``reset_delay=True``. The stored state is the
 potential *before* the reset, as in :mod:`braintrace_conv.nn.neurons`, so a step's output
 is a function of the new state alone and the previous step's output can be recomputed
 from the stored state (:meth:`NIRNeuron.previous_output`), which is how a loaded graph
@@ -46,8 +49,8 @@ from ..nn.surrogate import Sigmoid
 __all__ = ['NIRNeuron', 'LIF', 'CubaLIF', 'IF', 'LI', 'CubaLI', 'I', 'Threshold', 'Scale',
            'Flatten', 'SumPool2d', 'Delay', 'RESETS', 'INTEGRATORS']
 
-#: The two resets a loaded spiking node can apply (NIR's is ``'value'``).
-RESETS = ('value', 'subtract')
+#: The resets a loaded spiking node can apply (NIR's is ``'value'``; module docstring).
+RESETS = ('value', 'subtract', 'subtract_after_leak')
 #: How IF and I integrate their input per step: NIR libraries add ``r x`` (``'charge'``).
 INTEGRATORS = ('charge', 'euler')
 
@@ -131,7 +134,17 @@ class _Spiking(NIRNeuron):
         s = self.spike(v)
         if self.reset == 'subtract':
             return v - (self.v_threshold - self.v_reset) * s
-        return v + (self.v_reset - v) * s
+        if self.reset == 'value':
+            return v + (self.v_reset - v) * s
+        return v    # 'subtract_after_leak': see _leak
+
+    def _leak(self, drive):
+        """``v_leak + (v~ - v_leak)(1 - q) + drive`` from the stored ``v``, reset included."""
+        v = self.v.value
+        new = self.v_leak + (self._after_reset(v) - self.v_leak) * self.decay + drive
+        if self.reset == 'subtract_after_leak':
+            new = new - (self.v_threshold - self.v_reset) * self.spike(v)
+        return new
 
 
 class LIF(_Spiking):
@@ -158,8 +171,7 @@ class LIF(_Spiking):
 
     def update(self, x) -> jax.Array:
         """One step; ``x`` broadcastable to ``(batch, *shape)``; returns the spikes."""
-        v = self._after_reset(self.v.value)
-        self.v.value = self.v_leak + (v - self.v_leak) * self.decay + self.gain * x
+        self.v.value = self._leak(self.gain * x)
         return self.spike()
 
 
@@ -182,7 +194,11 @@ class IF(_Spiking):
 
     def update(self, x) -> jax.Array:
         """One step; returns the spikes."""
-        self.v.value = self._after_reset(self.v.value) + self.gain * x
+        v = self.v.value
+        new = self._after_reset(v) + self.gain * x
+        if self.reset == 'subtract_after_leak':     # no leak: the same as 'subtract'
+            new = new - (self.v_threshold - self.v_reset) * self.spike(v)
+        self.v.value = new
         return self.spike()
 
 
@@ -221,8 +237,7 @@ class CubaLIF(_Spiking):
     def update(self, x) -> jax.Array:
         """One step; returns the spikes."""
         self.i.value = self.i.value * self.syn_decay + self.syn_gain * x
-        v = self._after_reset(self.v.value)
-        self.v.value = self.v_leak + (v - self.v_leak) * self.decay + self.gain * self.i.value
+        self.v.value = self._leak(self.gain * self.i.value)
         return self.spike()
 
 

@@ -294,7 +294,7 @@ def test_refuses_adaptation_max_pooling_3d_and_unequal_padding():
     _refused({'pool': brainstate.nn.MaxPool2d(2, 2)}, (8, 8, 2), r'no max pooling')
     _refused({'conv': nn.Conv3d(2, 4, 3)}, (4, 4, 4, 2), r'1-D and 2-D convolutions only')
     _refused({'conv': nn.Conv2d(2, 4, 2, padding='SAME')}, (8, 8, 2),
-             r"padding 'SAME' pads unequally")
+             r"padding 'SAME' pads \[\(0, 1\), \(0, 1\)\] \(low, high\) here, unequal")
 
 
 def test_refuses_code_between_layers_naming_the_layer():
