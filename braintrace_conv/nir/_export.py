@@ -328,28 +328,28 @@ def _nir_neuron(call: Call, index, ctx) -> Emitted:
     import nir
     n = call.module
     q = lambda a: _to_nir(np.asarray(a), index, _sample(call.arg))
-    if isinstance(n, (m.LIF, m.CubaLIF, m.IF)) and n.reset == 'subtract':
+    if isinstance(n, (m.EulerLIF, m.EulerCubaLIF, m.EulerIF)) and n.reset == 'subtract':
         meta = _reset(call, 'subtract', ctx)
     else:
         meta = {}
-    if isinstance(n, (m.IF, m.I)):
+    if isinstance(n, (m.EulerIF, m.EulerI)):
         gain = q(n.gain)
-        if isinstance(n, m.I):
+        if isinstance(n, m.EulerI):
             return _single(call, nir.I(r=gain), index)
         return _single(call, nir.IF(r=gain, v_threshold=q(n.v_threshold), v_reset=q(n.v_reset),
                                     metadata=meta), index)
     tau = _time_constant(q(n.decay), ctx.dt, call.name)
     r = _gain_factor(q(n.gain), tau, ctx.dt, call.name)
-    if isinstance(n, (m.CubaLIF, m.CubaLI)):
+    if isinstance(n, (m.EulerCubaLIF, m.EulerCubaLI)):
         tau_syn = _time_constant(q(n.syn_decay), ctx.dt, call.name)
         w_in = _gain_factor(q(n.syn_gain), tau_syn, ctx.dt, call.name)
-        if isinstance(n, m.CubaLI):
+        if isinstance(n, m.EulerCubaLI):
             node = nir.CubaLI(tau_syn=tau_syn, tau_mem=tau, r=r, v_leak=q(n.v_leak), w_in=w_in)
         else:
             node = nir.CubaLIF(tau_syn=tau_syn, tau_mem=tau, r=r, v_leak=q(n.v_leak),
                                v_threshold=q(n.v_threshold), v_reset=q(n.v_reset), w_in=w_in,
                                metadata=meta)
-    elif isinstance(n, m.LI):
+    elif isinstance(n, m.EulerLI):
         node = nir.LI(tau=tau, r=r, v_leak=q(n.v_leak))
     else:
         node = nir.LIF(tau=tau, r=r, v_leak=q(n.v_leak), v_threshold=q(n.v_threshold),
@@ -419,7 +419,7 @@ def _table() -> list:
             ((nn.layers._ConvNd, brainstate.nn.Conv1d, brainstate.nn.Conv2d), _conv),
             ((brainstate.nn.Conv3d,), _refuse('NIR has 1-D and 2-D convolutions only.')),
             ((nn.Linear, brainstate.nn.Linear), _linear),
-            ((nn.Flatten, brainstate.nn.Flatten, m.Flatten), _flatten),
+            ((nn.Flatten, brainstate.nn.Flatten, m.FlattenDims), _flatten),
             ((nn.AvgPool, brainstate.nn.AvgPool2d), _pool),
             ((m.SumPool2d,), _sum_pool),
             ((m.Delay,), _delay),

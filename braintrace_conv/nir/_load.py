@@ -104,7 +104,7 @@ def _pool(name, node, shape, opts):
 
 
 def _flatten(name, node, shape, opts):
-    return m.Flatten(node.start_dim, node.end_dim)
+    return m.FlattenDims(node.start_dim, node.end_dim)
 
 
 def _full(name, node, shape, **fields):
@@ -134,37 +134,37 @@ def _v_reset(node):
 def _lif(name, node, shape, opts):
     p = _full(name, node, shape, tau=_positive(name, 'tau', node.tau), r=node.r,
               v_leak=node.v_leak, v_threshold=node.v_threshold, v_reset=_v_reset(node))
-    return m.LIF(**p, dt=opts['dt'], reset=_reset(node, opts), spike_fn=opts['spike_fn'])
+    return m.EulerLIF(**p, dt=opts['dt'], reset=_reset(node, opts), spike_fn=opts['spike_fn'])
 
 
 def _cuba_lif(name, node, shape, opts):
     p = _full(name, node, shape, tau_syn=_positive(name, 'tau_syn', node.tau_syn),
               tau_mem=_positive(name, 'tau_mem', node.tau_mem), r=node.r, v_leak=node.v_leak,
               v_threshold=node.v_threshold, v_reset=_v_reset(node), w_in=node.w_in)
-    return m.CubaLIF(**p, dt=opts['dt'], reset=_reset(node, opts), spike_fn=opts['spike_fn'])
+    return m.EulerCubaLIF(**p, dt=opts['dt'], reset=_reset(node, opts), spike_fn=opts['spike_fn'])
 
 
 def _if(name, node, shape, opts):
     p = _full(name, node, shape, r=node.r, v_threshold=node.v_threshold, v_reset=_v_reset(node))
-    return m.IF(**p, dt=opts['dt'], reset=_reset(node, opts), integrator=opts['integrator'],
+    return m.EulerIF(**p, dt=opts['dt'], reset=_reset(node, opts), integrator=opts['integrator'],
                 spike_fn=opts['spike_fn'])
 
 
 def _li(name, node, shape, opts):
     p = _full(name, node, shape, tau=_positive(name, 'tau', node.tau), r=node.r,
               v_leak=node.v_leak)
-    return m.LI(**p, dt=opts['dt'])
+    return m.EulerLI(**p, dt=opts['dt'])
 
 
 def _cuba_li(name, node, shape, opts):
     p = _full(name, node, shape, tau_syn=_positive(name, 'tau_syn', node.tau_syn),
               tau_mem=_positive(name, 'tau_mem', node.tau_mem), r=node.r, v_leak=node.v_leak,
               w_in=node.w_in)
-    return m.CubaLI(**p, dt=opts['dt'])
+    return m.EulerCubaLI(**p, dt=opts['dt'])
 
 
 def _i(name, node, shape, opts):
-    return m.I(**_full(name, node, shape, r=node.r), dt=opts['dt'], integrator=opts['integrator'])
+    return m.EulerI(**_full(name, node, shape, r=node.r), dt=opts['dt'], integrator=opts['integrator'])
 
 
 def _threshold(name, node, shape, opts):
@@ -390,7 +390,7 @@ def _input_shape(name: str, node, consumers: list) -> tuple:
 
 
 def _shape_of(layer, in_shape: tuple) -> tuple:
-    if isinstance(layer, m.Flatten):
+    if isinstance(layer, m.FlattenDims):
         return layer.output_shape(in_shape)
     if isinstance(layer, (m.NIRNeuron, m.Delay)):
         return layer.out_size

@@ -46,8 +46,8 @@ from jax import lax
 
 from ..nn.surrogate import Sigmoid
 
-__all__ = ['NIRNeuron', 'LIF', 'CubaLIF', 'IF', 'LI', 'CubaLI', 'I', 'Threshold', 'Scale',
-           'Flatten', 'SumPool2d', 'Delay', 'RESETS', 'INTEGRATORS']
+__all__ = ['NIRNeuron', 'EulerLIF', 'EulerCubaLIF', 'EulerIF', 'EulerLI', 'EulerCubaLI', 'EulerI',
+           'Threshold', 'Scale', 'FlattenDims', 'SumPool2d', 'Delay', 'RESETS', 'INTEGRATORS']
 
 #: The resets a loaded spiking node can apply (NIR's is ``'value'``; module docstring).
 RESETS = ('value', 'subtract', 'subtract_after_leak')
@@ -147,7 +147,7 @@ class _Spiking(NIRNeuron):
         return new
 
 
-class LIF(_Spiking):
+class EulerLIF(_Spiking):
     r"""NIR ``LIF``: :math:`\tau \dot v = (v_{leak} - v) + r I`, spike above ``v_threshold``.
 
     Step (module docstring): :math:`v_t = v_{leak} + (\tilde v - v_{leak})(1 - q) + r q\,
@@ -175,7 +175,7 @@ class LIF(_Spiking):
         return self.spike()
 
 
-class IF(_Spiking):
+class EulerIF(_Spiking):
     r"""NIR ``IF``: :math:`\dot v = r I`, spike above ``v_threshold``, no leak.
 
     Step: :math:`v_t = \tilde v + g\, x_t` with ``g = r`` (``integrator='charge'``: the
@@ -202,7 +202,7 @@ class IF(_Spiking):
         return self.spike()
 
 
-class CubaLIF(_Spiking):
+class EulerCubaLIF(_Spiking):
     r"""NIR ``CubaLIF``: a leaky current ``I`` (``tau_syn``, input weight ``w_in``) drives a
     LIF membrane (``tau_mem``, ``r``).
 
@@ -241,7 +241,7 @@ class CubaLIF(_Spiking):
         return self.spike()
 
 
-class LI(NIRNeuron):
+class EulerLI(NIRNeuron):
     r"""NIR ``LI``: :math:`\tau \dot v = (v_{leak} - v) + r I`; returns ``v``.
 
     Step: :math:`v_t = v_{leak} + (v - v_{leak})(1 - q) + r q\, x_t`.
@@ -260,8 +260,8 @@ class LI(NIRNeuron):
         return self.v.value
 
 
-class CubaLI(NIRNeuron):
-    r"""NIR ``CubaLI``: the current and membrane of :class:`CubaLIF` without spikes; returns
+class EulerCubaLI(NIRNeuron):
+    r"""NIR ``CubaLI``: the current and membrane of :class:`EulerCubaLIF` without spikes; returns
     ``v``.
 
     Attributes:
@@ -295,9 +295,9 @@ class CubaLI(NIRNeuron):
         return self.v.value
 
 
-class I(NIRNeuron):  # noqa: E742  (NIR's name)
+class EulerI(NIRNeuron):
     r"""NIR ``I``: :math:`\dot v = r I`; returns ``v``. Step: :math:`v_t = v + g x_t`, ``g``
-    as in :class:`IF`. ``v`` starts at 0."""
+    as in :class:`EulerIF`. ``v`` starts at 0."""
 
     def __init__(self, r, dt: float, integrator: str = 'charge', name: Optional[str] = None):
         r = np.asarray(r, np.float64)
@@ -338,7 +338,7 @@ class Scale(brainstate.nn.Module):
         return x * self.scale
 
 
-class Flatten(brainstate.nn.Module):
+class FlattenDims(brainstate.nn.Module):
     """NIR ``Flatten``: merge axes ``start_dim..end_dim`` of a sample (the batch axis excluded).
 
     Args:

@@ -43,7 +43,7 @@ def conv_lif_pool_cuba_li():
     return Chain({'conv1': nn.Conv2d(2, 4, 3, b_init=jnp.full(4, 0.2)),
                   'lif1': nn.LIF((8, 8, 4), tau=5.0, V_reset=0.1, reset='zero'),
                   'pool': nn.AvgPool2d(2),
-                  'conv2': nn.Conv2d(4, 6, 3, stride=2),
+                  'conv2': nn.Conv2d(4, 6, 3, stride=2, padding=1),
                   'lif2': nn.CubaLIF((2, 2, 6), tau=8.0, tau_syn=3.0, V_rest=0.05, reset='zero'),
                   'flat': nn.Flatten(), 'fc': nn.Linear(24, 5), 'out': nn.LI(5, tau=20.0)},
                  taps=('lif2',))
@@ -75,7 +75,7 @@ def brainstate_layers():
 
 
 def conv1d_cuba():
-    return Chain({'conv': nn.Conv1d(2, 3, 3, stride=2),
+    return Chain({'conv': nn.Conv1d(2, 3, 3, stride=2, padding=1),
                   'cuba': nn.CubaLIF((4, 3), reset='zero'),
                   'flat': nn.Flatten(), 'fc': nn.Linear(12, 3), 'lif': nn.LIF(3, reset='zero')})
 
