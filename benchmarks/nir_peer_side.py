@@ -29,7 +29,6 @@ def _full(value, shape):
 # --------------------------------------------------------------------------- snnTorch
 def snntorch_network(case: str):
     import snntorch as snn
-    import torch
     from torch import nn
 
     def leaky(beta, shape, reset='zero', reset_delay=True):

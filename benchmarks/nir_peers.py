@@ -159,7 +159,7 @@ def run_loaded(net, xs):
     """Spikes of every spiking node of a loaded graph, ``{node: (T, B, ...)}``."""
     import braintrace_conv as bc
     from braintrace_conv.nir import modules
-    spiking = [k for k, layer in net.layers.items() if isinstance(layer, modules._Spiking)]
+    spiking = [k for k, layer in net.layers.items() if isinstance(layer, modules.SpikingNeuron)]
     _, seen = bc.BPTT(net).predict(xs, observe=lambda n: {k: n.layers[k].spike() for k in spiking})
     return {k: np.asarray(v) for k, v in seen.items()}
 

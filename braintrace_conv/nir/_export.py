@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import math
 import pathlib
-from typing import Callable, Optional
+from typing import Callable
 
 import brainstate
 import jax
@@ -71,7 +71,8 @@ def _require_layout(call: Call, index: np.ndarray, channels_last: bool, what: st
                              f'transpose before it cannot be written in NIR).')
 
 
-def _plain(name: str, value) -> np.ndarray:
+def _plain(value) -> np.ndarray:
+    """A parameter's (or constant's) values without unit."""
     value = value.value if isinstance(value, brainstate.State) else value
     return np.asarray(u.get_mantissa(value))
 
@@ -130,13 +131,13 @@ def _conv(call: Call, index, ctx) -> Emitted:
     channels_last = layer.layout == 'channels_last' if ours else layer.channels_last
     _require_layout(call, index, channels_last, 'channels ' + ('last' if channels_last else 'first'))
     if ours:
-        weight, bias = _plain(call.name, layer.weight), layer.bias
-        bias = None if bias is None else _plain(call.name, bias)
+        weight, bias = _plain(layer.weight), layer.bias
+        bias = None if bias is None else _plain(bias)
         padding, dilation = layer.padding, layer.dilation
     else:
         params = layer.weight.value
-        weight, bias = _plain(call.name, params['weight']), params.get('bias')
-        bias = None if bias is None else _plain(call.name, bias)
+        weight, bias = _plain(params['weight']), params.get('bias')
+        bias = None if bias is None else _plain(bias)
         padding, dilation = layer.padding, layer.rhs_dilation
         if getattr(layer, 'w_mask', None) is not None or tuple(layer.lhs_dilation) != (1,) * n:
             raise NIRExportError(f'layer {call.name!r}: a weight mask or input dilation has no '
@@ -183,14 +184,14 @@ def _linear(call: Call, index, ctx) -> Emitted:
     import nir
     layer = call.module
     if isinstance(layer, nn.Linear):
-        weight = _plain(call.name, layer.weight)
-        bias = None if layer.bias is None else _plain(call.name, layer.bias)
+        weight = _plain(layer.weight)
+        bias = None if layer.bias is None else _plain(layer.bias)
     else:
         if getattr(layer, 'w_mask', None) is not None:
             raise NIRExportError(f'layer {call.name!r}: a weight mask has no field in NIR.')
         params = layer.weight.value
-        weight = _plain(call.name, params['weight'])
-        bias = None if 'bias' not in params else _plain(call.name, params['bias'])
+        weight = _plain(params['weight'])
+        bias = None if 'bias' not in params else _plain(params['bias'])
     if index.ndim != 1:
         raise NIRExportError(f'layer {call.name!r} ({type(layer).__name__}) acts on the last axis of '
                              f'a {index.ndim}-D sample; NIR affine maps take vectors (flatten first).')
@@ -269,8 +270,9 @@ def _delay(call: Call, index, ctx) -> Emitted:
 
 # --------------------------------------------------------------------------- neurons
 def _reset(call, neuron_reset: str, ctx) -> dict:
-    """Node metadata for a reset by subtraction, which NIR has no field for."""
-    if neuron_reset in ('zero', 'hard'):
+    """Node metadata for a reset by subtraction, which NIR has no field for (this library's
+    'subtract', brainpy's 'soft', or a loaded node's 'subtract' / 'subtract_after_leak')."""
+    if neuron_reset in ('zero', 'hard', 'value'):
         return {}
     if not ctx.subtract_reset:
         raise NIRExportError(
@@ -278,7 +280,7 @@ def _reset(call, neuron_reset: str, ctx) -> dict:
             f'cannot express (its reset sets v to v_reset); pass subtract_reset=True to write it '
             f'anyway, marked in the node\'s metadata (read by braintrace_conv.nir.load, ignored by '
             f'other libraries).')
-    return {'reset': 'subtract'}
+    return {'reset': 'subtract_after_leak' if neuron_reset == 'subtract_after_leak' else 'subtract'}
 
 
 def _our_neuron(call: Call, index, ctx) -> Emitted:
@@ -291,11 +293,11 @@ def _our_neuron(call: Call, index, ctx) -> Emitted:
     nir_ = lambda v: _to_nir(v, index, shape)
     meta = {} if isinstance(n, nn.LI) else _reset(call, n.reset, ctx)
     if not isinstance(n, nn.LI):
-        v_th = _strict_threshold(np.broadcast_to(_plain(call.name, n.V_th), shape), n.spike_fn,
+        v_th = _strict_threshold(np.broadcast_to(_plain(n.V_th), shape), n.spike_fn,
                                  dtype, call.name)
-        v_reset = nir_(_plain(call.name, n.V_reset))
+        v_reset = nir_(_plain(n.V_reset))
     if isinstance(n, nn.IF):
-        if np.any(_plain(call.name, n.V_rest) != 0):
+        if np.any(_plain(n.V_rest) != 0):
             raise NIRExportError(f'layer {call.name!r} (IF): V_rest (its initial potential) is not '
                                  f'0, and NIR\'s IF has no field for it.')
         node = nir.IF(r=nir_(1.0), v_threshold=nir_(v_th), v_reset=v_reset, metadata=meta)
@@ -303,7 +305,7 @@ def _our_neuron(call: Call, index, ctx) -> Emitted:
     decay = lambda tau: _to_nir(np.asarray(nn_neurons._decay(tau)), index, shape, dtype)
     tau = _time_constant(decay(n.tau), ctx.dt, call.name)
     r = _gain_factor(np.ones(()), tau, ctx.dt, call.name)
-    v_leak = nir_(_plain(call.name, n.V_rest))
+    v_leak = nir_(_plain(n.V_rest))
     if ctx.unit_r and not isinstance(n, nn.CubaLIF):   # v scaled by q: r q = 1 becomes r = 1
         q = ctx.dt / tau
         r, v_leak = np.ones_like(tau), v_leak * q
@@ -328,10 +330,7 @@ def _nir_neuron(call: Call, index, ctx) -> Emitted:
     import nir
     n = call.module
     q = lambda a: _to_nir(np.asarray(a), index, _sample(call.arg))
-    if isinstance(n, (m.EulerLIF, m.EulerCubaLIF, m.EulerIF)) and n.reset == 'subtract':
-        meta = _reset(call, 'subtract', ctx)
-    else:
-        meta = {}
+    meta = _reset(call, n.reset, ctx) if isinstance(n, m.SpikingNeuron) else {}
     if isinstance(n, (m.EulerIF, m.EulerI)):
         gain = q(n.gain)
         if isinstance(n, m.EulerI):
@@ -487,7 +486,7 @@ def _recording(work, table):
         saved.append((cls, cls.__dict__.get('update', missing)))
         setattr(cls, 'update', wrap(getattr(cls, 'update')))
     try:
-        yield calls, others, names
+        yield calls, others
     finally:
         for cls, orig in reversed(saved):
             if orig is missing:
@@ -562,6 +561,24 @@ def _graph(calls, others, x, outputs, ctx):
     return nodes, edges, index
 
 
+def _trace(model, x, dt: float, subtract_reset: bool, unit_r: bool):
+    """Nodes, edges and the input's layout index of one step of a copy of ``model``."""
+    work = copy.deepcopy(model)
+    brainstate.nn.init_all_states(work, x.shape[0])
+    table = _table()
+    dtypes = [np.asarray(u.get_mantissa(leaf)).dtype for st in
+              work.states(brainstate.ParamState).values()
+              for leaf in jax.tree.leaves(st.value, is_leaf=lambda a: isinstance(a, u.Quantity))]
+    initial = {id(st): st.value for st in work.states(brainstate.HiddenState).values()}
+    ctx = _Context(dt, dtypes[0] if dtypes else np.dtype(brainstate.environ.dftype()),
+                   subtract_reset, unit_r, table, initial)
+    with brainstate.environ.context(dt=_environment_dt(work, dt)):
+        with _recording(work, table) as (calls, others):
+            out = work.update(x)
+        outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+        return _graph(calls, others, x, outputs, ctx)
+
+
 def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
            subtract_reset: bool = False, unit_r: bool = False):
     r"""Write a model as a NIR graph (and to a file), or refuse what NIR cannot express.
@@ -621,20 +638,7 @@ def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
     x = jnp.asarray(example_input)
     if x.ndim < 2:
         raise ValueError(f'example_input must be one step with a batch axis, got shape {x.shape}.')
-    work = copy.deepcopy(model)
-    brainstate.nn.init_all_states(work, x.shape[0])
-    table = _table()
-    dtypes = [np.asarray(u.get_mantissa(leaf)).dtype for st in
-              work.states(brainstate.ParamState).values()
-              for leaf in jax.tree.leaves(st.value, is_leaf=lambda a: isinstance(a, u.Quantity))]
-    initial = {id(st): st.value for st in work.states(brainstate.HiddenState).values()}
-    ctx = _Context(float(dt), dtypes[0] if dtypes else np.dtype(brainstate.environ.dftype()),
-                   bool(subtract_reset), bool(unit_r), table, initial)
-    with brainstate.environ.context(dt=_environment_dt(work, float(dt))):
-        with _recording(work, table) as (calls, others, _):
-            out = work.update(x)
-        outputs = list(out) if isinstance(out, (tuple, list)) else [out]
-        nodes, edges, index = _graph(calls, others, x, outputs, ctx)
+    nodes, edges, index = _trace(model, x, float(dt), bool(subtract_reset), bool(unit_r))
     layout = 'channels_last' if not np.array_equal(index, np.arange(index.size).reshape(index.shape)) \
         else 'channels_first'
     graph = nir.NIRGraph(nodes=nodes, edges=edges, type_check=False,

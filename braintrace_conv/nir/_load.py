@@ -121,10 +121,11 @@ def _full(name, node, shape, **fields):
 
 
 def _reset(node, opts) -> str:
-    """A node marked ``{'reset': 'subtract'}`` (by :func:`~braintrace_conv.nir.export`) resets
-    by subtraction whatever the loader's default."""
+    """A node whose metadata marks its reset (``{'reset': 'subtract'}``, written by
+    :func:`~braintrace_conv.nir.export`) resets so whatever the loader's default."""
     mark = (getattr(node, 'metadata', None) or {}).get('reset')
-    return 'subtract' if mark in ('subtract', b'subtract') else opts['reset']
+    mark = mark.decode() if isinstance(mark, bytes) else mark
+    return mark if mark in m.RESETS else opts['reset']
 
 
 def _v_reset(node):
@@ -420,9 +421,9 @@ def load(graph_or_path, dt: Optional[float] = None, *, reset: str = 'value',
         the leak of the next step (:mod:`~braintrace_conv.nir.modules`): the resets of
         Sinabs' ``IAF`` and snnTorch's ``Leaky``/``Synaptic`` with ``reset_delay=False``,
         and of snnTorch's default ``reset_delay=True``, which they export as ``v_reset``
-        (NIR has no field for a reset by subtraction). A node marked
-        ``{'reset': 'subtract'}`` in its metadata (by :func:`~braintrace_conv.nir.export`)
-        resets by subtraction whatever this option says.
+        (NIR has no field for a reset by subtraction). A node whose metadata marks its
+        reset (``{'reset': 'subtract'}``, by :func:`~braintrace_conv.nir.export`) resets
+        so whatever this option says.
       integrator ({'charge', 'euler'}, default 'charge'): How IF and I nodes integrate:
         ``v += r x`` per step (what every NIR library runs) or ``v += r dt x`` (NIR's
         :math:`\dot v = R I` by forward Euler).
@@ -452,15 +453,12 @@ def load(graph_or_path, dt: Optional[float] = None, *, reset: str = 'value',
     dt = float(meta_dt if dt is None else dt)
     if not (math.isfinite(dt) and dt > 0):
         raise ValueError(f'dt must be a positive number of seconds, got {dt!r}.')
-    m.RESETS.index(reset) if reset in m.RESETS else _bad('reset', reset, m.RESETS)
-    m.INTEGRATORS.index(integrator) if integrator in m.INTEGRATORS else \
-        _bad('integrator', integrator, m.INTEGRATORS)
+    for name, value, choices in (('reset', reset, m.RESETS),
+                                 ('integrator', integrator, m.INTEGRATORS)):
+        if value not in choices:
+            raise ValueError(f'{name} must be one of {choices}, got {value!r}.')
     opts = dict(dt=dt, reset=reset, integrator=integrator, spike_fn=spike_fn)
     return _build(graph, opts)
-
-
-def _bad(name, value, choices):
-    raise ValueError(f'{name} must be one of {choices}, got {value!r}.')
 
 
 def _build(graph, opts) -> Network:

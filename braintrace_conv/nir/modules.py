@@ -46,7 +46,7 @@ from jax import lax
 
 from ..nn.surrogate import Sigmoid
 
-__all__ = ['NIRNeuron', 'EulerLIF', 'EulerCubaLIF', 'EulerIF', 'EulerLI', 'EulerCubaLI', 'EulerI',
+__all__ = ['NIRNeuron', 'SpikingNeuron', 'EulerLIF', 'EulerCubaLIF', 'EulerIF', 'EulerLI', 'EulerCubaLI', 'EulerI',
            'Threshold', 'Scale', 'FlattenDims', 'SumPool2d', 'Delay', 'RESETS', 'INTEGRATORS']
 
 #: The resets a loaded spiking node can apply (NIR's is ``'value'``; module docstring).
@@ -105,8 +105,15 @@ class NIRNeuron(brainstate.nn.Module):
         return self.v.value
 
 
-class _Spiking(NIRNeuron):
-    """Threshold, reset and spike of the spiking nodes."""
+class SpikingNeuron(NIRNeuron):
+    """Base of the spiking nodes: threshold, reset (:data:`RESETS`) and the spike.
+
+    Args:
+      shape, v_initial: As in :class:`NIRNeuron`.
+      v_threshold, v_reset (array): Broadcastable to ``shape``.
+      reset (str): One of :data:`RESETS` (module docstring).
+      spike_fn (callable): Surrogate spike function (fires at ``x >= 0``).
+    """
 
     def __init__(self, shape, v_initial, v_threshold, v_reset, reset: str, spike_fn: Callable,
                  name: Optional[str] = None):
@@ -147,7 +154,7 @@ class _Spiking(NIRNeuron):
         return new
 
 
-class EulerLIF(_Spiking):
+class EulerLIF(SpikingNeuron):
     r"""NIR ``LIF``: :math:`\tau \dot v = (v_{leak} - v) + r I`, spike above ``v_threshold``.
 
     Step (module docstring): :math:`v_t = v_{leak} + (\tilde v - v_{leak})(1 - q) + r q\,
@@ -175,7 +182,7 @@ class EulerLIF(_Spiking):
         return self.spike()
 
 
-class EulerIF(_Spiking):
+class EulerIF(SpikingNeuron):
     r"""NIR ``IF``: :math:`\dot v = r I`, spike above ``v_threshold``, no leak.
 
     Step: :math:`v_t = \tilde v + g\, x_t` with ``g = r`` (``integrator='charge'``: the
@@ -202,7 +209,7 @@ class EulerIF(_Spiking):
         return self.spike()
 
 
-class EulerCubaLIF(_Spiking):
+class EulerCubaLIF(SpikingNeuron):
     r"""NIR ``CubaLIF``: a leaky current ``I`` (``tau_syn``, input weight ``w_in``) drives a
     LIF membrane (``tau_mem``, ``r``).
 

@@ -1,7 +1,5 @@
 """load(): each NIR node against a NumPy step of its equation, cycles, summed inputs, peers'
 conventions, refusals, and online training of loaded graphs against BPTT."""
-import brainstate
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -233,3 +231,22 @@ def test_d_rtrl_equals_bptt_on_a_loaded_conv_layer(neuron):
     for key in ref:
         assert np.abs(ref[key]).max() > 0, key
         assert rel_err(got[key], ref[key]) < EXACT, key
+
+
+def test_subtract_after_leak_and_its_mark_survive_export():
+    tau, thr = 4e-3, 0.6
+    node = nir.LIF(tau=p(tau), r=p(tau / DT), v_leak=p(0.0), v_threshold=p(thr))
+    xs = drive(scale=0.5)
+    net = bnir.load(graph(node), dt=DT, reset='subtract_after_leak')
+    got = simulate(net, xs)
+    v, s, want = np.zeros((B, N)), np.zeros((B, N)), []
+    for x in xs:                     # snnTorch's Leaky, reset_delay=True: beta v + x - thr s
+        v = (1 - DT / tau) * v + x - thr * s
+        s = (v > thr).astype(float)
+        want.append(s)
+    np.testing.assert_array_equal(got, np.array(want))
+    assert 0 < got.mean() < 1
+    with pytest.raises(ValueError, match='resets by subtraction'):
+        bnir.export(net, jnp.zeros((B, N)), dt=DT)
+    again = bnir.load(bnir.export(net, jnp.zeros((B, N)), dt=DT, subtract_reset=True))
+    np.testing.assert_array_equal(simulate(again, xs), got)
