@@ -220,7 +220,8 @@ def _rows(learner, loss, xs):
                    strip(r['method'])) for r in learner.report().rows)
 
 
-@pytest.mark.parametrize('name', ['conv-LIF-pool-CubaLIF-LI', 'recurrent conv'])
+@pytest.mark.parametrize('name', [pytest.param('conv-LIF-pool-CubaLIF-LI', marks=pytest.mark.slow),
+                                  'recurrent conv'])
 def test_parameters_gradients_and_report_rows_survive(name):
     model, loaded, xs, layout = round_trip(name)
     originals, copies = _sorted_leaves(model), _sorted_leaves(loaded)

@@ -207,7 +207,8 @@ def test_refusals_name_the_node_and_the_reason():
 # --------------------------------------------------------------------------- online training
 @pytest.mark.parametrize('neuron', ['LIF', 'CubaLIF', 'IF', 'LI'])
 def test_d_rtrl_equals_bptt_on_a_loaded_conv_layer(neuron):
-    """One conv layer of each neuron type, loaded: D-RTRL is exact (docs/theory.md)."""
+    """One conv layer of each neuron type, loaded: D-RTRL is exact (docs/theory.md), and
+    ES-D-RTRL's bias and readout gradients are (its kernel trace is the approximation)."""
     shape = (3, 6, 6)
     full = lambda v: np.full(shape, v)
     neurons = {
@@ -228,9 +229,12 @@ def test_d_rtrl_equals_bptt_on_a_loaded_conv_layer(neuron):
     loss = lambda out, target: jnp.sum((out - target) ** 2)
     _, ref = bc.BPTT(net).value_and_grad(loss, xs, targets)
     _, got = bc.D_RTRL(net).value_and_grad(loss, xs, targets)
+    _, es = bc.ES_D_RTRL(net).value_and_grad(loss, xs, targets)
     for key in ref:
         assert np.abs(ref[key]).max() > 0, key
         assert rel_err(got[key], ref[key]) < EXACT, key
+        if key[-1] == 'bias' or np.ndim(ref[key]) == 2:
+            assert rel_err(es[key], ref[key]) < EXACT, key
 
 
 def test_subtract_after_leak_and_its_mark_survive_export():

@@ -59,6 +59,7 @@ def loss(out, label):
     return jnp.mean((out - jax.nn.one_hot(label, 10)) ** 2)
 
 
+@pytest.mark.slow
 def test_loads_runs_and_trains_online(tmp_path):
     nir.write(tmp_path / 'paper.nir', paper_cnn())
     net = bnir.load(tmp_path / 'paper.nir', dt=1e-3)
