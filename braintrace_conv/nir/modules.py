@@ -392,9 +392,13 @@ class Delay(brainstate.nn.Module):
     r"""NIR ``Delay``: :math:`y_t = x_{t-k}` with ``k = delay / dt`` steps per element
     (zero before the first ``k`` steps).
 
+    A line of ``max(k)`` states, each taking the previous one's value every step; the output
+    picks, per element, the input (``k = 0``) or slot ``k - 1`` with fixed 0/1 masks, so the
+    step is element by element and exact.
+
     Attributes:
-      line (brainstate.HiddenState): The last ``max(k)`` inputs, newest first,
-        shape ``(batch, max(k), *shape)``.
+      line (list of brainstate.HiddenState): ``line[j]`` holds the input of ``j + 1`` steps
+        ago, shape ``(batch, *shape)``.
     """
 
     def __init__(self, steps, name: Optional[str] = None):
@@ -402,23 +406,28 @@ class Delay(brainstate.nn.Module):
         steps = np.asarray(steps, np.int64)
         self.in_size = self.out_size = steps.shape
         self.steps = steps
-        self.depth = max(int(steps.max(initial=0)), 1)
+        self.masks = [_constant(steps == k) for k in range(int(steps.max(initial=0)) + 1)]
 
     def _fresh(self, batch_size):
-        return jnp.zeros(_batched((self.depth,) + self.in_size, batch_size),
-                         brainstate.environ.dftype())
+        return jnp.zeros(_batched(self.in_size, batch_size), brainstate.environ.dftype())
 
     def init_state(self, batch_size: Optional[int] = None, **kwargs):
-        self.line = brainstate.HiddenState(self._fresh(batch_size))
+        """Create the line (zeros)."""
+        self.line = [brainstate.HiddenState(self._fresh(batch_size)) for _ in self.masks[1:]]
 
     def reset_state(self, batch_size: Optional[int] = None, **kwargs):
-        self.line.value = self._fresh(batch_size)
+        """Set the line back to zeros."""
+        for slot in self.line:
+            slot.value = self._fresh(batch_size)
 
     def update(self, x) -> jax.Array:
-        line = jnp.concatenate([jnp.broadcast_to(x, self.line.value.shape[:1] + self.in_size)[:, None],
-                                self.line.value], axis=1)
-        index = jnp.asarray(self.steps)[None, None]
-        out = jnp.take_along_axis(line, jnp.broadcast_to(index, line.shape[:1] + (1,) + self.in_size),
-                                  axis=1)[:, 0]
-        self.line.value = line[:, :self.depth]
+        """One step; returns the input of ``k`` steps ago per element."""
+        x = x * jnp.ones(self.in_size, brainstate.environ.dftype())
+        out = x * self.masks[0]
+        for slot, mask in zip(self.line, self.masks[1:]):
+            out = out + slot.value * mask
+        for j in range(len(self.line) - 1, 0, -1):
+            self.line[j].value = self.line[j - 1].value
+        if self.line:
+            self.line[0].value = x
         return out
