@@ -66,13 +66,9 @@ def _conv(name, node, shape, opts):
     layer = cls(weight.shape[1] * groups, weight.shape[0], weight.shape[2:], stride=_pair(node.stride, n),
                 padding=padding, dilation=_pair(node.dilation, n), groups=groups,
                 bias=bias is not None,
-                layout='channels_first', w_init=_constant(weight),
-                b_init=None if bias is None else _constant(bias))
+                layout='channels_first', w_init=m._constant(weight),
+                b_init=None if bias is None else m._constant(bias))
     return layer
-
-
-def _constant(a):
-    return jnp.asarray(a, brainstate.environ.dftype())
 
 
 def _affine(name, node, shape, opts):
@@ -86,7 +82,7 @@ def _affine(name, node, shape, opts):
                            f'{weight.shape[1]} per sample (add a Flatten), got {shape}.')
     bias = _array(name, 'bias', node.bias) if isinstance(node, nir.Affine) else None
     return nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
-                     w_init=_constant(weight.T), b_init=None if bias is None else _constant(bias))
+                     w_init=m._constant(weight.T), b_init=None if bias is None else m._constant(bias))
 
 
 def _pool(name, node, shape, opts):
