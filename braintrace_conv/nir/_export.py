@@ -17,6 +17,7 @@ import saiunit as u
 from .. import nn
 from ..nn import neurons as nn_neurons
 from . import modules as m
+from ._load import require_nir
 
 __all__ = ['export']
 
@@ -628,7 +629,7 @@ def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
         3-D convolutions, padding that differs between the two sides, a brainpy neuron fed
         by projections, code between layers; or a ``dt`` that is not a positive number.
     """
-    import nir
+    nir = require_nir()
     if isinstance(dt, u.Quantity):
         dt = float(u.get_mantissa(dt.to(u.second)))
     if isinstance(dt, bool) or not isinstance(dt, (int, float)) or not (math.isfinite(dt) and dt > 0):

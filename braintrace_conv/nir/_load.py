@@ -17,6 +17,16 @@ from . import modules as m
 __all__ = ['load', 'Network']
 
 
+def require_nir():
+    """The ``nir`` package, or an ImportError saying how to install it."""
+    try:
+        import nir
+    except ImportError:
+        raise ImportError('braintrace_conv.nir needs the nir package: pip install -e ".[nir]" '
+                          '(or pip install nir).') from None
+    return nir
+
+
 class NIRLoadError(ValueError):
     """A graph (or node) that cannot be run exactly as NIR describes it."""
 
@@ -436,7 +446,7 @@ def load(graph_or_path, dt: Optional[float] = None, *, reset: str = 'value',
         parameters of shapes that do not fit, non-positive time constants; a graph without
         exactly one Input node; a missing ``dt``.
     """
-    import nir
+    nir = require_nir()
     graph = nir.read(str(graph_or_path), type_check=False) \
         if isinstance(graph_or_path, (str, pathlib.Path)) else graph_or_path
     if not isinstance(graph, nir.NIRGraph):
