@@ -57,6 +57,8 @@ apimodule_order = [
     'braintrace_conv.plot',
     'braintrace_conv.sharding',
     'braintrace_conv.cli',
+    'braintrace_conv.nir',
+    'braintrace_conv.nir.modules',
 ]
 
 html_theme = 'furo'
