@@ -121,6 +121,34 @@ def _loss_key(fn):
     return code, typed
 
 
+@jax.jit
+def _all_finite(leaves):
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in leaves]))
+
+
+def _check_finite(name: str, tree) -> None:
+    """Refuse a NaN or an infinity among the floating-point leaves of ``tree`` (``(T, ...)``),
+    naming the first time step that holds one: the gradients would not be finite, and
+    nothing else would say why. One pass over the data, in one compiled reduction."""
+    floating = lambda a: jnp.issubdtype(jnp.result_type(a), jnp.inexact)
+    leaves = [a for a in jax.tree.leaves(tree)
+              if floating(a) and not isinstance(a, jax.core.Tracer)]
+    if not leaves or bool(_all_finite(leaves)):
+        return
+    found = []                                   # (first bad step, leaf path) per leaf
+    for path, a in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if floating(a):
+            a = np.asarray(a)
+            bad_steps = np.flatnonzero(~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1))
+            if bad_steps.size:
+                found.append((int(bad_steps[0]), jax.tree_util.keystr(path), a.shape[0]))
+    step, where, T = min(found)
+    raise ValueError(f'{name}{where} holds a non-finite value (NaN or infinity) at time step '
+                     f'{step} of {T}: the gradients of this call would not be finite. Clean '
+                     f'the data, or construct the learner with check_finite=False to skip this '
+                     f'check.')
+
+
 def _code_of(key):
     """The code object behind a :func:`_loss_key`, or None."""
     if isinstance(key, types.FunctionType):
@@ -135,10 +163,13 @@ class Learner(abc.ABC):
 
     algorithm = 'learner'
 
-    def __init__(self, model: brainstate.nn.Module):
+    def __init__(self, model: brainstate.nn.Module, *, check_finite: bool = True):
         if not isinstance(model, brainstate.nn.Module):
             raise TypeError(f'model must be a brainstate.nn.Module, got {type(model).__name__}.')
+        if not isinstance(check_finite, (bool, np.bool_)):
+            raise TypeError(f'check_finite must be True or False, got {check_finite!r}.')
         self.model = model
+        self.check_finite = bool(check_finite)
         self._steps: dict = {}      # input signature -> (step, what _prepare made of it)
         self._compiled = collections.OrderedDict()   # at most MAX_COMPILED programs
         self._warned_recompile = False
@@ -377,6 +408,9 @@ class Learner(abc.ABC):
 
     def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs, keep):
         self._check_loss(step, loss_fn, targets)
+        if self.check_finite:
+            _check_finite('xs', xs)
+            _check_finite('targets', targets)
         loss, grads, hidden, state, outs = self._jitted(prepared, loss_fn, return_outputs)(
             step.param_leaves(), hidden, state, keep, xs, targets)
         step.write_hidden(hidden)
@@ -434,8 +468,9 @@ class OnlineLearner(Learner):
 
     required_rules: tuple = ()   # ETP rules every op must provide
 
-    def __init__(self, model: brainstate.nn.Module, *, trace_dtype=None, window=None):
-        super().__init__(model)
+    def __init__(self, model: brainstate.nn.Module, *, trace_dtype=None, window=None,
+                 check_finite: bool = True):
+        super().__init__(model, check_finite=check_finite)
         if trace_dtype is not None:
             try:
                 dtype = jnp.dtype(trace_dtype)

@@ -18,7 +18,13 @@ __all__ = ['BPTT']
 
 
 class BPTT(Learner):
-    """Backpropagation through time over the traced step (see module docstring)."""
+    """Backpropagation through time over the traced step (see module docstring).
+
+    Args:
+      model: a ``brainstate.nn.Module`` whose ``update(x)`` advances one step.
+      check_finite: refuse inputs and targets holding a NaN or an infinity, naming the
+        first such time step (default); ``False`` skips this one pass over the data.
+    """
 
     algorithm = 'BPTT'
 

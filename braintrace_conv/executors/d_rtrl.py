@@ -42,6 +42,8 @@ class D_RTRL(OnlineLearner):
       window: ``None`` (traces only) or a number of steps ``k``: exact BPTT inside
         windows of ``k`` steps, these traces across windows (see
         :class:`~braintrace_conv.executors.OnlineLearner`); ``k >= T`` is BPTT.
+      check_finite: refuse inputs and targets holding a NaN or an infinity, naming the
+        first such time step (default); ``False`` skips this one pass over the data.
     """
 
     algorithm = 'D-RTRL'

@@ -67,13 +67,15 @@ class ES_D_RTRL(OnlineLearner):
       window: ``None`` (traces only) or a number of steps ``k``: exact BPTT inside
         windows of ``k`` steps, these traces across windows (see
         :class:`~braintrace_conv.executors.OnlineLearner`); ``k >= T`` is BPTT.
+      check_finite: refuse inputs and targets holding a NaN or an infinity, naming the
+        first such time step (default); ``False`` skips this one pass over the data.
     """
 
     algorithm = 'ES-D-RTRL'
     required_rules = ES_DRTRL_RULES
 
-    def __init__(self, model, decay=None, *, trace_dtype=None, window=None):
-        super().__init__(model, trace_dtype=trace_dtype, window=window)
+    def __init__(self, model, decay=None, *, trace_dtype=None, window=None, check_finite=True):
+        super().__init__(model, trace_dtype=trace_dtype, window=window, check_finite=check_finite)
         self.decay = _decay_value(decay)
         self._inferred = {}
 

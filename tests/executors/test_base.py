@@ -75,3 +75,27 @@ def test_a_loss_capturing_an_array_compiles_per_object_and_warns_once():
     messages = [str(w.message) for w in caught if 'compiles again' in str(w.message)]
     assert len(messages) == 1 and 'test_base.py' in messages[0]
     assert 'Define the function once' in messages[0]
+
+
+@pytest.mark.parametrize('make', [bc.BPTT, bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, 0.9)])
+def test_a_nan_input_is_refused_naming_its_time_step(make):
+    xs, ys = data(T=6)
+    xs = xs.at[3, 1, 2].set(jnp.nan)
+    with pytest.raises(ValueError, match=r'xs holds a non-finite value .* at time step 3 of 6'):
+        make(Tiny()).value_and_grad(xent, xs, ys)
+    learner = make(Tiny())
+    learner.reset(2)
+    with pytest.raises(ValueError, match=r'at time step 3 of 6.*check_finite=False'):
+        learner.advance(xent, xs, ys)
+
+
+def test_non_finite_targets_are_refused_and_the_check_can_be_turned_off():
+    xs, ys = data(T=4)
+    regression = jnp.zeros((4, 2, 3)).at[2, 0, 0].set(jnp.inf)
+    squared = lambda out, target: jnp.sum((out - target) ** 2)
+    with pytest.raises(ValueError, match='targets holds a non-finite value .* time step 2 of 4'):
+        bc.D_RTRL(Tiny()).value_and_grad(squared, xs, regression)
+    loss, _ = bc.D_RTRL(Tiny(), check_finite=False).value_and_grad(squared, xs, regression)
+    assert not np.isfinite(loss)
+    with pytest.raises(TypeError, match='check_finite must be True or False'):
+        bc.BPTT(Tiny(), check_finite='yes')
