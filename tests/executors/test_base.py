@@ -99,3 +99,38 @@ def test_non_finite_targets_are_refused_and_the_check_can_be_turned_off():
     assert not np.isfinite(loss)
     with pytest.raises(TypeError, match='check_finite must be True or False'):
         bc.BPTT(Tiny(), check_finite='yes')
+
+
+@pytest.mark.parametrize('make', [lambda m: bc.D_RTRL(m, window=2), lambda m: bc.ES_D_RTRL(m, 0.9)])
+def test_an_online_run_saved_and_restored_elsewhere_continues_bit_for_bit(make):
+    xs, ys = data(T=9)
+    chunks = [(xs[i:i + 3], ys[i:i + 3]) for i in range(0, 9, 3)]
+    whole = make(Tiny())
+    whole.reset(2)
+    expected = [whole.advance(xent, *chunk) for chunk in chunks]
+
+    first = make(Tiny())
+    first.reset(2)
+    assert first.online_state() is None
+    first.advance(xent, *chunks[0])
+    saved = first.online_state()
+    second = make(Tiny())                       # a new learner and model, as after a restart
+    second.restore_online_state(saved)
+    got = [second.advance(xent, *chunk) for chunk in chunks[1:]]
+    for (loss, grads), (ref_loss, ref_grads) in zip(got, expected[1:]):
+        assert float(loss) == float(ref_loss)
+        for key in ref_grads:
+            np.testing.assert_array_equal(grads[key], ref_grads[key])
+
+
+def test_a_saved_run_of_another_shape_is_refused_naming_both():
+    xs, ys = data(T=3)
+    learner = bc.D_RTRL(Tiny())
+    learner.reset(2)
+    learner.advance(xent, xs, ys)
+    saved = learner.online_state()
+    saved['leaves'][0] = saved['leaves'][0][:, :2]
+    other = bc.D_RTRL(Tiny())
+    other.restore_online_state(saved)
+    with pytest.raises(ValueError, match='restore_online_state: the saved run holds'):
+        other.advance(xent, xs, ys)
