@@ -106,3 +106,19 @@ def test_a_declared_primitive_is_accepted(monkeypatch):
     ref = _grads(no_definition, bc.BPTT)
     for key in ref:
         np.testing.assert_allclose(exact[key], ref[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('bad, error, match', [
+    (42, TypeError, 'takes a JAX primitive or its name'),
+    ('', TypeError, 'takes a JAX primitive or its name'),
+    ('no_such_primitive', ValueError, "no JAX primitive named 'no_such_primitive' is known")])
+def test_a_declaration_of_no_primitive_is_refused(bad, error, match):
+    with pytest.raises(error, match=match):
+        bc.register_elementwise(bad)
+
+
+def test_a_primitive_object_can_be_declared(monkeypatch):
+    from braintrace_conv.executors._analysis import positions
+    monkeypatch.setattr(positions, '_ELEMENTWISE', set(positions._ELEMENTWISE))
+    bc.register_elementwise(no_definition)
+    _grads(no_definition, bc.D_RTRL)            # refused before the declaration

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend import core as jex_core
 
 from ...primitive import ETPPrimitive
 from .jaxpr import is_literal, sub_jaxpr
@@ -34,14 +35,43 @@ _ELEMENTWISE = {
 }
 
 
-def register_elementwise(name: str) -> None:
-    """Declare primitive ``name`` elementwise, so it may sit between an op and its neuron.
+def register_elementwise(primitive) -> None:
+    """Declare a primitive elementwise, so it may sit between an op and its neuron.
 
     Needed only for a primitive whose elementwise action cannot be read from its own
     definition (see :func:`acts_elementwise`), e.g. one implemented by a foreign
     lowering. Declaring a primitive that combines positions makes gradients wrong.
+
+    Args:
+      primitive: the ``jax.extend.core.Primitive`` itself, or its name (``prim.name``).
+
+    Raises:
+      TypeError: ``primitive`` is neither.
+      ValueError: a name that no primitive JAX can lower has.
     """
-    _ELEMENTWISE.add(name)
+    if isinstance(primitive, jex_core.Primitive):
+        _ELEMENTWISE.add(primitive.name)
+        return
+    if not isinstance(primitive, str) or not primitive:
+        raise TypeError(f'register_elementwise takes a JAX primitive or its name (a non-empty '
+                        f'str), got {primitive!r}.')
+    known = _lowered_primitive_names()
+    if known is not None and primitive not in known:
+        raise ValueError(f'register_elementwise: no JAX primitive named {primitive!r} is known '
+                         f'(import the module that defines it first, or pass the primitive '
+                         f'object itself).')
+    _ELEMENTWISE.add(primitive)
+
+
+def _lowered_primitive_names():
+    """The names of every primitive with a lowering rule, or ``None`` where JAX's table of
+    them cannot be read (it is internal)."""
+    try:
+        from jax._src.interpreters import mlir
+        tables = [mlir._lowerings, *mlir._platform_specific_lowerings.values()]
+    except (ImportError, AttributeError):
+        return None
+    return {p.name for table in tables for p in table}
 
 
 MIXED = 'mixed'   # marker: a value in which positions of the source are combined
