@@ -313,7 +313,7 @@ def test_evaluate_reads_only_the_data_directory_its_run_recorded(streamed, recor
         listed.append(str(root))
         return stream_directory(root, **kwargs)
 
-    monkeypatch.setattr(cli, 'stream_directory', listing)
+    monkeypatch.setattr(cli.build, 'stream_directory', listing)
     before = tree(forged)
     capsys.readouterr()
     assert main(['evaluate', '--run', str(forged)]) == 2
