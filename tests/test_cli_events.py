@@ -12,7 +12,7 @@ import pytest
 from braintrace_conv import cli
 from braintrace_conv.cli import main
 from braintrace_conv.data import stream_directory
-from braintrace_conv.training import BEST_CHECKPOINT, LAST_CHECKPOINT, Trainer, checkpoint
+from braintrace_conv.training import BEST_CHECKPOINT, LAST_CHECKPOINT, checkpoint
 from braintrace_conv.training.fingerprint import data_fingerprint
 
 TINY = ['--epochs', '1', '--steps', '8', '--batch-size', '6', '--channels', '2,4', '--lr', '2e-2',
@@ -288,7 +288,8 @@ def test_runs_with_path_only_fingerprints_still_resume_and_evaluate(streamed, tm
     def stop(self, *args, **kwargs):    # resumed: stop before training
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Trainer, '_train_epoch', stop)
+    from braintrace_conv.training import _fit
+    monkeypatch.setattr(_fit, '_train_epoch', stop)
     assert main([*STREAMED, '--epochs', '2', '--data', str(data), '--out', str(out),
                  '--resume']) == 130
     err = capsys.readouterr().err

@@ -250,7 +250,7 @@ def test_spike_rates_of_returned_spikes_and_of_get_spike(capsys):
 
 
 def test_progress_line_names_spike_rates_only_when_there_are_some():
-    from braintrace_conv.training.trainer import _summary_line
+    from braintrace_conv.training._fit import _summary_line
     record = dict(epoch=1, train_loss=0.5, train_accuracy=0.5, skipped_updates=0,
                   epoch_time_s=1.0, test_accuracy=0.5, spike_rates={})
     assert 'spike rates' not in _summary_line(record, 1)

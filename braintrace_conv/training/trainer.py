@@ -53,11 +53,7 @@ warns, ``'raise'`` stops).
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Optional, Union
@@ -68,19 +64,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import saiunit as u
-from tqdm.auto import tqdm
 
-from .._validation import class_labels, finite, non_negative, one_of, positive
+from .._validation import class_labels, finite, one_of, positive
 from ..data import EventDataset, FrameDataset
 from ..executors import Learner
 from ..units import split_unit
-from . import checkpoint, logs, placement, run_dir
-from ._files import atomic_write
-from .fingerprint import data_change, data_fingerprint
+from . import _fit, checkpoint, logs, placement, run_dir, state
 from .loss import (DEFAULT_TARGET_RATES, LOSSES, SEQUENCE_LOSSES, check_rate_targets,
                    check_target_rates, linearised_step_loss, predicted_labels, rate_penalty,
                    sequence_loss, step_weights, weighted_cross_entropy)
 from .params import ParamView
+from .spikes import _fraction_spiking, _spike_method, _spike_rates, _split_output
 
 __all__ = ['Trainer', 'NONFINITE']
 
@@ -95,38 +89,6 @@ def _axes(ndim: int, lead: tuple) -> Optional[tuple]:
     spatial = _SPATIAL_AXES.get(ndim - len(lead) - 1)
     return None if spatial is None else lead + ('channel',) + spatial
 
-
-def _spike_method(node):
-    """The method giving the spikes of a neuron module's stored state: ``spike()`` (this
-    package's neurons) or ``get_spike()`` (brainpy.state's); None for other nodes."""
-    if not isinstance(node, brainstate.nn.Module):
-        return None
-    for name in ('spike', 'get_spike'):
-        if callable(getattr(node, name, None)):
-            return getattr(node, name)
-    return None
-
-
-def _fraction_spiking(spikes):
-    """Spikes ``(T, B, ...)`` -> the fraction of neurons spiking per step and sample ``(T, B)``."""
-    s = jnp.asarray(u.get_mantissa(spikes))
-    return jnp.mean(jnp.reshape(s, jnp.shape(s)[:2] + (-1,)), axis=-1)
-
-
-def _spike_rates(neurons: list):
-    """``observe`` for ``Learner.predict``: per neuron module, the fraction spiking, ``(B,)``."""
-    def observe(model):
-        return [jnp.mean(jnp.reshape(s, (jnp.shape(s)[0], -1)), axis=1)
-                for s in (_spike_method(n)() for n in neurons)]
-    return observe
-
-
-def _split_output(out) -> tuple:
-    """``(scores, spikes)`` of a model output: ``scores`` alone or the pair ``(scores,
-    {layer name: spikes})``; ``spikes`` is ``{}`` for scores alone."""
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
-        return out
-    return out, {}
 
 
 def _step_loss(out, target):
@@ -589,163 +551,13 @@ class Trainer:
           ``skipped_updates``, ``epoch_time_s`` and, with an
           ``eval_dataset``, ``test_loss``, ``test_accuracy``, ``spike_rates``.
         """
-        self._require_optimizer('fit')
-        epochs = positive('epochs', epochs)
-        batch_size = positive('batch_size', batch_size)
-        seed = non_negative('seed', seed)
-        log_every = positive('log_every', log_every)
-        eval_batch_size = (batch_size if eval_batch_size is None
-                           else positive('eval_batch_size', eval_batch_size))
-        run_config = {} if run_config is None else run_config
-        try:
-            run_config = json.loads(json.dumps(run_config))
-        except (TypeError, ValueError) as err:
-            raise TypeError(f'run_config must be a JSON-able dict, got {run_config!r}: '
-                            f'{err}') from None
-        if not isinstance(run_config, dict):
-            raise TypeError(f'run_config must be a dict, got {type(run_config).__name__}.')
-        self._check_dataset('train_dataset', train_dataset)
-        if batch_size > len(train_dataset.labels):
-            raise ValueError(f'batch_size must be at most the number of training samples '
-                             f'({len(train_dataset.labels)}), got {batch_size}.')
-        self._parallel.check_batch_size('batch_size', batch_size)
-        if eval_dataset is not None:
-            self._check_dataset('eval_dataset', eval_dataset)
-        if out_dir is None and (resume or overwrite):
-            raise ValueError('resume and overwrite need out_dir (the run directory).')
-        log = None
-        lock = contextlib.ExitStack()
-        if out_dir is not None:
-            out_dir = run_dir.check(out_dir, resume=resume, overwrite=overwrite)
-            # every process checks the directory before the first one writes to it
-            placement.sync_processes('braintrace_conv: run directory checked')
-            fit_config = dict(batch_size=batch_size, seed=seed,
-                              train_data=data_fingerprint(train_dataset),
-                              eval_data=data_fingerprint(eval_dataset))
-            if self._writer:
-                lock.enter_context(run_dir.locked(out_dir))
-            try:
-                log = self._open_run(out_dir, resume, overwrite, epochs,
-                                     dict(run=run_config, trainer=self.config(), fit=fit_config),
-                                     tensorboard, dict(train_data=train_dataset,
-                                                       eval_data=eval_dataset))
-            except BaseException:
-                lock.close()
-                raise
-        progress = progress and self._writer
-        self.run_config = run_config
-        if self._rng is None:
-            self._rng = np.random.default_rng(seed)
-        try:
-            while self.epoch < epochs:
-                record = self._train_epoch(train_dataset, batch_size, epochs, progress, log,
-                                           log_every)
-                if eval_dataset is not None:
-                    metrics = self.evaluate(eval_dataset, eval_batch_size)
-                    record.update(test_loss=metrics['loss'], test_accuracy=metrics['accuracy'],
-                                  spike_rates=metrics['spike_rates'])
-                self.epoch += 1
-                self.history.append(record)
-                improved = 'test_accuracy' in record and (
-                    self.best is None or record['test_accuracy'] > self.best['test_accuracy'])
-                if improved:
-                    self.best = dict(epoch=self.epoch, test_accuracy=record['test_accuracy'])
-                if log is not None:
-                    log.log_epoch(self.step, record)
-                    log.sync()
-                    self._save_run(out_dir, improved)
-                if progress:
-                    tqdm.write(_summary_line(record, epochs))
-        finally:
-            if log is not None:
-                log.close()
-            lock.close()
-        return self.history
-
-    def _open_run(self, out_dir: Path, resume: bool, overwrite: bool, epochs: int,
-                  expected: dict, tensorboard: Optional[bool], datasets: dict):
-        """Prepare the locked run directory: create it (``overwrite``: replace the run in it)
-        or restore its last checkpoint (``resume``, checking ``datasets``, keyed like their
-        fingerprints in ``expected['fit']``) and repair what a run killed after it left
-        behind; returns the scalar log (``None`` on other processes than the first)."""
-        if self._writer:   # again under the lock: another process may have written meanwhile
-            run_dir.check(out_dir, resume=resume, overwrite=overwrite)
-            run_dir.create(out_dir, overwrite=overwrite)
-        if resume:
-            self._restore(out_dir / run_dir.LAST_CHECKPOINT, expected, epochs=epochs,
-                          datasets=datasets)
-            if self._writer:
-                self._repair_run(out_dir)
-        self._fit_config = expected['fit']
-        if self._writer:
-            return logs.ScalarLog(out_dir, start_step=self.step, tensorboard=tensorboard)
-        return None
-
-    def _repair_run(self, out_dir: Path) -> None:
-        """Write what a run killed between its last checkpoint and the end of that epoch's
-        writes left behind (:func:`~braintrace_conv.training.run_dir.lagging`)."""
-        found = run_dir.lagging(out_dir, self.epoch, self.best)
-        if run_dir.BEST_CHECKPOINT in found:    # the last checkpoint is that epoch's best one
-            atomic_write(out_dir / run_dir.BEST_CHECKPOINT,
-                         (out_dir / run_dir.LAST_CHECKPOINT).read_bytes())
-        if run_dir.METRICS_NAME in found or run_dir.CURVE_NAME in found:
-            self.write_logs(out_dir)
-
-    def _train_epoch(self, dataset, batch_size: int, epochs: int, progress: bool, log,
-                     log_every: int) -> dict:
-        start = time.perf_counter()
-        skipped_before = self.skipped_updates
-        order_seed = int(self._rng.integers(2**31))
-        n_batches = dataset.num_batches(batch_size, drop_last=True)
-        bar = tqdm(self._batches('train_dataset', dataset, batch_size, shuffle=True,
-                                 seed=order_seed, drop_last=True),
-                   total=n_batches, desc=f'epoch {self.epoch + 1}/{epochs}',
-                   disable=not (progress and _bar_shown()),
-                   leave=False, unit='batch')
-        loss_sum, loss_count, correct, seen = 0.0, 0, 0, 0
-        for i, (xs, labels) in enumerate(bar):
-            loss, hits = self._train_batch(xs, labels)
-            if np.isfinite(loss):
-                loss_sum += loss * len(labels)
-                loss_count += len(labels)
-            correct += hits
-            seen += len(labels)
-            if log is not None and (i + 1) % log_every == 0:
-                log.log(self.step, epoch=self.epoch + 1, batch=i, loss=loss,
-                        accuracy=hits / len(labels), skipped_updates=self.skipped_updates,
-                        time_s=round(time.perf_counter() - start, 3))
-            bar.set_postfix(loss=f'{loss_sum / max(loss_count, 1):.3f}',
-                            acc=f'{correct / seen:.3f}')
-        bar.close()
-        return dict(epoch=self.epoch + 1,
-                    train_loss=loss_sum / loss_count if loss_count else float('nan'),
-                    train_accuracy=correct / seen,
-                    skipped_updates=self.skipped_updates - skipped_before,
-                    epoch_time_s=time.perf_counter() - start)
+        return _fit.fit(self, train_dataset, epochs=epochs, batch_size=batch_size, seed=seed,
+                        eval_dataset=eval_dataset, eval_batch_size=eval_batch_size,
+                        out_dir=out_dir, resume=resume, overwrite=overwrite,
+                        run_config=run_config, log_every=log_every, tensorboard=tensorboard,
+                        progress=progress)
 
     # ------------------------------------------------------------------ checkpoints
-    def _payload(self) -> tuple:
-        arrays = {f'param/{n}': np.asarray(v)
-                  for n, v in self._view.named(self._view.mantissas()).items()}
-        opt_arrays, opt_paths = checkpoint.tree_arrays('opt', self.opt_state)
-        arrays.update(opt_arrays)
-        arrays['rng/brainstate_key'] = np.asarray(
-            jax.random.key_data(brainstate.random.get_key()))
-        meta = dict(epoch=self.epoch, step=self.step, skipped_updates=self.skipped_updates,
-                    history=self.history, best=self.best, trainer=self.config(),
-                    run=self.run_config, fit=self._fit_config, devices=len(self.devices),
-                    units={n: str(unit) for n, unit in zip(self._view.names, self._view.units)},
-                    opt_paths=opt_paths,
-                    rng=None if self._rng is None else self._rng.bit_generator.state)
-        return arrays, meta
-
-    def _save_run(self, out_dir: Path, improved: bool) -> None:
-        arrays, meta = self._payload()
-        checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
-        if improved:
-            checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
-        self.write_logs(out_dir)
-
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Write the trainer's state to the checkpoint file ``path`` (atomically).
 
@@ -755,7 +567,7 @@ class Trainer:
         :mod:`braintrace_conv.training.checkpoint` for the format.
         """
         self._require_optimizer('save_checkpoint')
-        checkpoint.write(path, *self._payload())
+        checkpoint.write(path, *state.payload(self))
 
     def restore_checkpoint(self, path: Union[str, os.PathLike], *,
                            run_config: Optional[dict] = None) -> None:
@@ -777,50 +589,7 @@ class Trainer:
         expected = dict(trainer=self.config())
         if run_config is not None:
             expected['run'] = run_config
-        self._restore(Path(path), expected)
-
-    def _restore(self, path: Path, expected: dict, epochs: Optional[int] = None,
-                 datasets: Optional[dict] = None) -> None:
-        arrays, meta = checkpoint.read(path)
-        stored_epochs = meta.get('run', {}).get('epochs')
-        if (epochs is not None and expected.get('run', {}).get('epochs') == epochs
-                and isinstance(stored_epochs, int) and stored_epochs <= epochs):
-            # a run's length is fit's ``epochs``: a longer one continues a finished run
-            expected = dict(expected, run=dict(expected['run'], epochs=stored_epochs))
-        notes = []
-        for key, given in expected.items():
-            if key == 'fit' and datasets:
-                notes = _check_fit(meta, given, datasets, path)
-            else:
-                checkpoint.check_config(meta, key, given, path)
-        params = checkpoint.params_from(arrays, meta, self._view, path, cast=False)
-        opt_state = checkpoint.tree_from('opt', arrays,
-                                         checkpoint.field(meta, 'opt_paths', list, path),
-                                         self.opt_state, path, 'optimiser state')
-        counts = {k: checkpoint.field(meta, k, int, path)
-                  for k in ('epoch', 'step', 'skipped_updates')}
-        history = checkpoint.field(meta, 'history', list, path)
-        best = meta.get('best')
-        rng, key = _generators(meta.get('rng'), arrays.get('rng/brainstate_key'), path)
-        # everything is valid: only now change the trainer
-        self._set_params(params)
-        self.opt_state = self._parallel.replicate(opt_state)
-        self.epoch, self.step, self.skipped_updates = (counts['epoch'], counts['step'],
-                                                       counts['skipped_updates'])
-        self.history = history
-        self.best = best
-        self.run_config = meta.get('run', {})
-        self._fit_config = meta.get('fit', {})
-        self._rng = rng
-        brainstate.random.set_key(key)
-        for note in notes:
-            warnings.warn(note, RuntimeWarning, stacklevel=3)
-        trained_on = meta.get('devices', len(self.devices))
-        if trained_on != len(self.devices):
-            warnings.warn(f'{path} was trained on {trained_on} device(s), this Trainer has '
-                          f'{len(self.devices)}: the continued run equals an uninterrupted one '
-                          f'up to the rounding of the gradient\'s batch sum, not bitwise.',
-                          RuntimeWarning, stacklevel=3)
+        state.restore(self, Path(path), expected)
 
     def load_params(self, path: Union[str, os.PathLike], which: Optional[str] = None) -> dict:
         """Load only the parameters of a checkpoint, for inference (no optimiser needed).
@@ -836,10 +605,7 @@ class Trainer:
           floating values are cast to the model's dtype. Nothing changes
           unless everything matches.
         """
-        file = run_dir.checkpoint_file(path, which)
-        arrays, meta = checkpoint.read(file)
-        self._set_params(checkpoint.params_from(arrays, meta, self._view, file, cast=True))
-        return meta
+        return state.load_params(self, path, which)
 
     # ------------------------------------------------------------------ logs
     def metrics(self) -> dict:
@@ -871,58 +637,3 @@ class Trainer:
                 logs.write_curve(out_dir, self.history, logs.run_title({**self.run_config,
                                                                          **self.config()}))
         return metrics
-
-
-def _check_fit(meta: dict, given: dict, datasets: dict, path) -> list:
-    """Check a checkpoint's ``fit`` settings against ``given``, and its data fingerprints
-    (``datasets``' keys) against the data sets at the version it stored
-    (:func:`~braintrace_conv.training.fingerprint.data_change`); raises
-    ``ConfigMismatchError``, else returns the warnings to give."""
-    stored = checkpoint.field(meta, 'fit', dict, path)
-    differences = checkpoint.config_differences(
-        {k: v for k, v in stored.items() if k not in datasets},
-        {k: v for k, v in given.items() if k not in datasets})
-    described, notes = {}, []
-    for key, dataset in datasets.items():
-        change, note = data_change(stored.get(key), dataset)
-        if change is not None:
-            differences[key] = (stored.get(key), given.get(key))
-            described[key] = change
-        if note is not None:
-            notes.append(f'{path}, {key}: {note}.')
-    if differences:
-        raise checkpoint.ConfigMismatchError(path, differences, described)
-    return notes
-
-
-def _generators(state, key_data, path) -> tuple:
-    """The shuffling generator and ``brainstate.random`` key of a checkpoint, checked."""
-    try:
-        rng = None
-        if state is not None:
-            rng = np.random.Generator(np.random.PCG64())
-            rng.bit_generator.state = state
-        key = jax.random.wrap_key_data(jnp.asarray(key_data, jnp.uint32))
-    except (TypeError, ValueError, KeyError) as err:
-        raise checkpoint.CheckpointError(f'{path} has invalid generator states: {err}') from None
-    return rng, key
-
-
-def _bar_shown() -> bool:
-    """Whether a progress bar can be drawn: in a notebook, or on a terminal (a bar redrawn
-    with carriage returns would fill a log file; the epoch lines are printed anyway)."""
-    notebook = any(c.__module__ == 'tqdm.notebook' for c in tqdm.__mro__)
-    return notebook or sys.stderr.isatty()
-
-
-def _summary_line(record: dict, epochs: int) -> str:
-    line = (f"epoch {record['epoch']}/{epochs}: train loss {record['train_loss']:.4f}, "
-            f"train acc {record['train_accuracy']:.1%}")
-    if record['skipped_updates']:
-        line += f", {record['skipped_updates']} update(s) skipped (non-finite)"
-    if 'test_accuracy' in record:
-        rates = ', '.join(f'{k} {v:.3f}' for k, v in record['spike_rates'].items())
-        line += f", test acc {record['test_accuracy']:.1%}"
-        if rates:
-            line += f", spike rates [{rates}]"
-    return line + f" ({record['epoch_time_s']:.1f} s)"
