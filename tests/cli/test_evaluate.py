@@ -1,6 +1,5 @@
-"""The braintrace-conv command on event data of any rank: the SHD-like task (1-D convolutions
-over 700 channels) and directories of tonic-format event files, 1-D and 2-D, in memory or
-streamed; and their user errors (one line, exit code 2, nothing written)."""
+"""``braintrace-conv evaluate``: a saved run rebuilt from its stored options, on the data it was evaluated on."""
+import hashlib
 import json
 import os
 import re
@@ -15,10 +14,114 @@ from braintrace_conv.data import stream_directory
 from braintrace_conv.training import BEST_CHECKPOINT, LAST_CHECKPOINT, checkpoint
 from braintrace_conv.training.fingerprint import data_fingerprint
 
-TINY = ['--epochs', '1', '--steps', '8', '--batch-size', '6', '--channels', '2,4', '--lr', '2e-2',
+TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
+        '--batch-size', '12', '--quiet']
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp('cli') / 'run'
+    assert main(['train', *TINY, '--out', str(out)]) == 0
+    return out
+
+
+def error_line(capsys) -> str:
+    """The one error line of a refused command (after its usage line), with no traceback."""
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err
+    usage, error = err.rstrip('\n').split('\n')
+    assert usage.startswith('usage: braintrace-conv') and error.startswith('braintrace-conv: ')
+    return error
+
+
+def test_evaluate_reports_the_saved_run(run, capsys):
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(run)]) == 0
+    best = json.loads((run / 'metrics.json').read_text())['best']
+    line = capsys.readouterr().out
+    assert f"{BEST_CHECKPOINT} (epoch {best['epoch']})" in line
+    assert f"test accuracy {best['test_accuracy']:.1%}" in line and 'spike rates' in line
+
+
+def test_evaluate_checks_the_stored_options(run, tmp_path, capsys):
+    arrays, meta = checkpoint.read(run / LAST_CHECKPOINT)
+    for change, match in [
+            (dict(samples=-5), r'--run: the run options stored in .* are not valid: --samples '
+                               r'must be positive, got -5'),
+            (dict(task='cifar'), r"not valid: argument --task: invalid choice: 'cifar'"),
+            (dict(channels='x'), r'not valid: argument --channels: expected comma-separated')]:
+        out = tmp_path / 'forged'
+        out.mkdir(exist_ok=True)
+        checkpoint.write(out / LAST_CHECKPOINT, arrays, dict(meta, run=dict(meta['run'],
+                                                                             **change)))
+        assert main(['evaluate', '--run', str(out)]) == 2
+        error = error_line(capsys)
+        assert re.search(match, error), error
+    # a batch larger than the test set is only as large as the test set
+    assert main(['evaluate', '--run', str(run), '--batch-size', '1000000000']) == 0
+
+
+@pytest.fixture(scope='module')
+def root(tmp_path_factory):
+    """``run``: a finished run; ``corrupt``: its copy with one flipped byte; ``library``: a
+    checkpoint without command-line options; ``empty``: an empty directory; ``file``: a file."""
+    root = tmp_path_factory.mktemp('cli-bad')
+    assert main(['train', *TINY, '--out', str(root / 'run')]) == 0
+    good = (root / 'run' / LAST_CHECKPOINT).read_bytes()
+    (root / 'corrupt').mkdir()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    (root / 'corrupt' / LAST_CHECKPOINT).write_bytes(bytes(bad))
+    (root / 'empty').mkdir()
+    (root / 'file').write_text('not a directory')
+    (root / 'pickle').mkdir()
+    (root / 'pickle' / LAST_CHECKPOINT).write_bytes(b'\x80\x04N.')
+    (root / 'dangling').symlink_to(root / 'nowhere')
+    shutil.copytree(root / 'run', root / 'linked', ignore=shutil.ignore_patterns('tensorboard'))
+    (root / 'outside').mkdir()
+    (root / 'linked' / 'tensorboard').symlink_to(root / 'outside')
+    return root
+
+
+def files_of(directory) -> dict:
+    """Every file's content digest (a link's target) under ``directory``, links unfollowed."""
+    def content(path):
+        if os.path.islink(path):
+            return 'link to ' + os.readlink(path)
+        return hashlib.sha256(open(path, 'rb').read()).hexdigest()
+    return {os.path.relpath(os.path.join(r, f), directory): content(os.path.join(r, f))
+            for r, dirs, names in os.walk(directory) for f in names + dirs
+            if os.path.islink(os.path.join(r, f)) or f in names}
+
+
+def test_a_library_run_is_not_evaluated_as_a_command_line_run(root, tmp_path, capsys):
+    import brainstate
+    import optax
+
+    import braintrace_conv as bc
+    from braintrace_conv.data import moving_bars
+    from braintrace_conv.models import recurrent_conv_snn
+
+    brainstate.random.seed(0)
+    model = recurrent_conv_snn((2, 8, 8), 8, channels=(2, 4))
+    trainer = bc.Trainer(bc.BPTT(model), optax.adam(1e-2))
+    trainer.fit(moving_bars(16, T=4, size=(8, 8), seed=0), epochs=1, batch_size=8,
+                out_dir=tmp_path, progress=False, tensorboard=False)
+    before = files_of(tmp_path)
+    assert main(['evaluate', '--run', str(tmp_path)]) == 2
+    assert 'was not written by "braintrace-conv train" (its run options lack task' in \
+        capsys.readouterr().err
+    assert files_of(tmp_path) == before
+
+
+EVENT_TINY = ['--epochs', '1', '--steps', '8', '--batch-size', '6', '--channels', '2,4', '--lr', '2e-2',
         '--quiet']
+
+
 # tonic's formats: audio sensors (SHD) store t, x, p; DVS cameras x, y, t, p with a bool polarity
 AUDIO = np.dtype([('t', np.int64), ('x', np.int64), ('p', np.int64)])
+
+
 DVS = np.dtype([('x', np.int16), ('y', np.int16), ('t', np.int64), ('p', bool)])
 
 
@@ -45,107 +148,6 @@ def recordings(tmp_path_factory):
     return root
 
 
-def first_kernel(out) -> tuple:
-    arrays, _ = checkpoint.read(out / LAST_CHECKPOINT)
-    return arrays['param/blocks.0.ff.weight'].shape
-
-
-def metrics_of(out) -> dict:
-    return json.loads((out / 'metrics.json').read_text())
-
-
-def test_shd_like_task_trains_a_1d_conv_net(tmp_path, capsys):
-    out = tmp_path / 'shd'
-    assert main(['train', '--task', 'shd', '--samples', '40', '--steps', '10', '--epochs', '1',
-                 '--batch-size', '10', '--channels', '2,4', '--out', str(out)]) == 0
-    assert 'shd: 30 train / 10 test samples, T=10, frames (1, 700)' in capsys.readouterr().out
-    # (out channels, in channels, kernel): 1-D convolutions over the 700 channels
-    assert first_kernel(out) == (2, 1, 7)
-    metrics = metrics_of(out)
-    assert metrics['run_config']['pool'] == 4 and metrics['devices'] == 1
-    assert 0 <= metrics['test_accuracy'] <= 1
-
-
-@pytest.mark.parametrize('sensor, size, kernel', [('audio', '32,1,1', (2, 1, 7)),
-                                                  ('dvs', '8,8,2', (2, 2, 3, 3))])
-def test_event_directory_trains_the_model_of_its_rank(recordings, tmp_path, sensor, size,
-                                                      kernel, capsys):
-    common = ['train', '--task', 'events', '--data', str(recordings / sensor), '--sensor-size',
-              size, '--pool', '1', *TINY]
-    memory, streamed = tmp_path / 'memory', tmp_path / 'streamed'
-    assert main([*common, '--out', str(memory)]) == 0
-    assert main([*common, '--stream', '--cache-size', '4', '--out', str(streamed)]) == 0
-    assert first_kernel(memory) == kernel
-    a, b = metrics_of(memory), metrics_of(streamed)
-    assert a['test_accuracy'] == 1.0           # the classes differ by the half of x they use
-    assert a['run_config']['data'] == str(recordings / sensor)
-    # streaming reads and bins the same frames: the same run
-    assert a['train_loss'] == b['train_loss'] and a['test_accuracy'] == b['test_accuracy']
-    capsys.readouterr()
-    assert main(['evaluate', '--run', str(streamed)]) == 0
-    assert 'test accuracy 100.0%' in capsys.readouterr().out
-
-
-def test_resume_needs_the_same_event_options(recordings, tmp_path, capsys):
-    out = tmp_path / 'run'
-    common = ['train', '--task', 'events', '--data', str(recordings / 'audio'), '--sensor-size',
-              '32,1,1', *TINY, '--out', str(out)]
-    assert main(common) == 0
-    capsys.readouterr()
-    assert main([*common, '--resume', '--window-us', '12500', '--pool', '2']) == 2
-    assert re.search(r'other options: --pool 4 \(now 2\), --window-us unset \(now 12500.0\)',
-                     capsys.readouterr().err)
-    assert main([*common, '--resume']) == 0
-    assert 'already finished' in capsys.readouterr().out
-
-
-EVENT_CASES = [
-    ([], '--task events needs --data DIR and --sensor-size X,Y,P'),
-    (['--data', '{root}/absent', '--sensor-size', '32,1,1'], r'--data .*absent is not a directory'),
-    (['--data', '{root}/audio', '--sensor-size', '32,x'],
-     r"argument --sensor-size: expected the sensor size in tonic's order, 2 to 4 "
-     r"comma-separated positive ints"),
-    (['--data', '{root}/audio', '--sensor-size', '32,1,3'],
-     r'sensor_size\[-1\] \(polarities\) must be 1 or 2, got 3'),
-    (['--data', '{root}/audio', '--sensor-size', '8,1,1'],
-     r"events field 'x' must lie in \[0, 8\) for this sensor_size"),
-    (['--data', '{root}/dvs', '--sensor-size', '8,2'],
-     r'events with 2 coordinate field\(s\) need sensor_size \(X, Y, P\)'),
-    (['--data', '{root}', '--sensor-size', '32,1,1'], 'no .npy or .npz files found'),
-    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--cache-size', '4'],
-     '--cache-size applies only with --stream'),
-    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--stream', '--cache-size', '-1'],
-     '--cache-size must be non-negative, got -1'),
-    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--window-us', '0'],
-     '--window-us must be a positive number, got 0.0'),
-    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--samples', '10'],
-     '--samples applies only to --task moving-bars or delayed-bars or digits or shd'),
-    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--pool', '64'],
-     r'pool=64 is larger than the output of block 0, of shape \(C, \*spatial\) = \(2, 32\)'),
-    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--test-fraction', '0.01'],
-     'leaves an empty training or test set'),
-]
-
-
-@pytest.mark.parametrize('extra, match', EVENT_CASES)
-def test_event_user_error_is_one_line(recordings, tmp_path, capsys, extra, match):
-    argv = ['train', '--task', 'events', *[a.format(root=recordings) for a in extra], *TINY,
-            '--out', str(tmp_path / 'new')]
-    capsys.readouterr()
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    usage, error = captured.err.rstrip('\n').split('\n')
-    assert usage.startswith('usage: braintrace-conv') and captured.out == ''
-    assert re.search(match, error), error
-    assert not (tmp_path / 'new').exists()
-
-
-def copied(recordings, tmp_path, sensor='audio'):
-    data = tmp_path / 'data'
-    shutil.copytree(recordings / sensor, data)
-    return data
-
-
 def one_error_line(capsys) -> str:
     captured = capsys.readouterr()
     assert 'Traceback' not in captured.err
@@ -154,28 +156,8 @@ def one_error_line(capsys) -> str:
     return error
 
 
-@pytest.mark.parametrize('write, match', [
-    (lambda p: p.write_bytes(np.random.default_rng(0).bytes(200)), 'is not a NumPy .npy array'),
-    (lambda p: np.save(p, np.array([1, None], dtype=object), allow_pickle=True),
-     r'holds Python objects \(dtype object\), which are never loaded'),
-    (lambda p: np.save(p, np.array([(5, 40, 1)], AUDIO)),
-     r"events field 'x' must lie in \[0, 32\) for this sensor_size"),
-])
-def test_a_bad_streamed_file_is_one_line_and_leaves_no_run(recordings, tmp_path, capsys, write,
-                                                           match):
-    data = copied(recordings, tmp_path)
-    bad = data / 'up' / '011.npy'       # the last file: streaming reads it only in a batch
-    write(bad)
-    out = tmp_path / 'run'
-    assert main(['train', '--task', 'events', '--data', str(data), '--sensor-size', '32,1,1',
-                 '--stream', *TINY, '--batch-size', '18', '--out', str(out)]) == 2
-    error = one_error_line(capsys)
-    assert str(bad) in error and re.search(match, error), error
-    assert not out.exists()      # nothing to --overwrite before the rerun
-
-
 STREAMED = ['train', '--task', 'events', '--sensor-size', '32,1,1', '--pool', '1', '--stream',
-            *TINY]
+            *EVENT_TINY]
 
 
 @pytest.fixture(scope='module')

@@ -5,10 +5,11 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 from braintrace_conv.cli import main
-from braintrace_conv.training import CURVE_NAME, LAST_CHECKPOINT
+from braintrace_conv.training import LAST_CHECKPOINT
 
 TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
         '--batch-size', '12', '--quiet']
@@ -48,6 +49,7 @@ def files_of(directory) -> dict:
 
 
 TRAIN = ['train', *TINY]
+
 
 CASES = [
     # arguments
@@ -184,43 +186,76 @@ def test_user_error_is_one_line_and_changes_nothing(root, capsys, argv, match):
     assert files_of(root) == before and not (root / 'new').exists()
 
 
-def test_a_library_run_is_not_evaluated_as_a_command_line_run(root, tmp_path, capsys):
-    import brainstate
-    import optax
-
-    import braintrace_conv as bc
-    from braintrace_conv.data import moving_bars
-    from braintrace_conv.models import recurrent_conv_snn
-
-    brainstate.random.seed(0)
-    model = recurrent_conv_snn((2, 8, 8), 8, channels=(2, 4))
-    trainer = bc.Trainer(bc.BPTT(model), optax.adam(1e-2))
-    trainer.fit(moving_bars(16, T=4, size=(8, 8), seed=0), epochs=1, batch_size=8,
-                out_dir=tmp_path, progress=False, tensorboard=False)
-    before = files_of(tmp_path)
-    assert main(['evaluate', '--run', str(tmp_path)]) == 2
-    assert 'was not written by "braintrace-conv train" (its run options lack task' in \
-        capsys.readouterr().err
-    assert files_of(tmp_path) == before
+EVENT_TINY = ['--epochs', '1', '--steps', '8', '--batch-size', '6', '--channels', '2,4', '--lr', '2e-2',
+        '--quiet']
 
 
-def test_an_overwrite_that_cannot_move_a_run_file_changes_nothing(root, tmp_path, capsys,
-                                                                   monkeypatch):
-    out = tmp_path / 'run'
-    shutil.copytree(root / 'run', out)
-    before, names = files_of(out), sorted(os.listdir(out))
-    rename = os.rename
+# tonic's formats: audio sensors (SHD) store t, x, p; DVS cameras x, y, t, p with a bool polarity
+AUDIO = np.dtype([('t', np.int64), ('x', np.int64), ('p', np.int64)])
 
-    def refused(src, dst):     # e.g. a directory without write permission cannot be moved
-        if os.path.basename(src) == CURVE_NAME:
-            raise PermissionError(13, 'Permission denied')
-        return rename(src, dst)
 
-    monkeypatch.setattr(os, 'rename', refused)
+DVS = np.dtype([('x', np.int16), ('y', np.int16), ('t', np.int64), ('p', bool)])
+
+
+@pytest.fixture(scope='module')
+def recordings(tmp_path_factory):
+    """``audio/`` (32 channels) and ``dvs/`` (8 x 8 pixels, 2 polarities), each with classes
+    ``down`` (events in the lower half of x) and ``up`` (upper half), 12 files per class."""
+    root = tmp_path_factory.mktemp('recordings')
+    rng = np.random.default_rng(0)
+    for label, low in (('down', 0), ('up', 16)):
+        for sensor in ('audio', 'dvs'):
+            (root / sensor / label).mkdir(parents=True)
+        for i in range(12):
+            n = 300
+            audio = np.zeros(n, AUDIO)
+            audio['t'] = np.sort(rng.integers(0, 100_000, n))
+            audio['x'], audio['p'] = rng.integers(low, low + 16, n), 1
+            np.save(root / 'audio' / label / f'{i:03d}.npy', audio)
+            dvs = np.zeros(n, DVS)
+            dvs['t'] = np.sort(rng.integers(0, 100_000, n))
+            dvs['x'], dvs['y'] = rng.integers(low // 4, low // 4 + 4, n), rng.integers(0, 8, n)
+            dvs['p'] = rng.random(n) < 0.5
+            np.save(root / 'dvs' / label / f'{i:03d}.npy', dvs)
+    return root
+
+
+EVENT_CASES = [
+    ([], '--task events needs --data DIR and --sensor-size X,Y,P'),
+    (['--data', '{root}/absent', '--sensor-size', '32,1,1'], r'--data .*absent is not a directory'),
+    (['--data', '{root}/audio', '--sensor-size', '32,x'],
+     r"argument --sensor-size: expected the sensor size in tonic's order, 2 to 4 "
+     r"comma-separated positive ints"),
+    (['--data', '{root}/audio', '--sensor-size', '32,1,3'],
+     r'sensor_size\[-1\] \(polarities\) must be 1 or 2, got 3'),
+    (['--data', '{root}/audio', '--sensor-size', '8,1,1'],
+     r"events field 'x' must lie in \[0, 8\) for this sensor_size"),
+    (['--data', '{root}/dvs', '--sensor-size', '8,2'],
+     r'events with 2 coordinate field\(s\) need sensor_size \(X, Y, P\)'),
+    (['--data', '{root}', '--sensor-size', '32,1,1'], 'no .npy or .npz files found'),
+    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--cache-size', '4'],
+     '--cache-size applies only with --stream'),
+    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--stream', '--cache-size', '-1'],
+     '--cache-size must be non-negative, got -1'),
+    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--window-us', '0'],
+     '--window-us must be a positive number, got 0.0'),
+    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--samples', '10'],
+     '--samples applies only to --task moving-bars or delayed-bars or digits or shd'),
+    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--pool', '64'],
+     r'pool=64 is larger than the output of block 0, of shape \(C, \*spatial\) = \(2, 32\)'),
+    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--test-fraction', '0.01'],
+     'leaves an empty training or test set'),
+]
+
+
+@pytest.mark.parametrize('extra, match', EVENT_CASES)
+def test_event_user_error_is_one_line(recordings, tmp_path, capsys, extra, match):
+    argv = ['train', '--task', 'events', *[a.format(root=recordings) for a in extra], *EVENT_TINY,
+            '--out', str(tmp_path / 'new')]
     capsys.readouterr()
-    assert main([*TRAIN, '--out', str(out), '--overwrite']) == 1
+    assert main(argv) == 2
     captured = capsys.readouterr()
-    assert captured.err == (f'braintrace-conv: error: [Errno 13] cannot replace the run in {out}: '
-                            f'{out / CURVE_NAME} cannot be moved (Permission denied); nothing was '
-                            f'removed\n')
-    assert files_of(out) == before and sorted(os.listdir(out)) == names
+    usage, error = captured.err.rstrip('\n').split('\n')
+    assert usage.startswith('usage: braintrace-conv') and captured.out == ''
+    assert re.search(match, error), error
+    assert not (tmp_path / 'new').exists()
