@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._validation import floating_dtype, integer, optional
 from ..primitive import apply_state_jacobian
 from ._analysis.graph import StepGraph, analyse
 from ._analysis.signals import (StepSignals, init_release, jacobian_reads_only_state,
@@ -92,13 +93,7 @@ def sequence_loss(step: StepJaxpr, loss_fn, params, hidden, xs, targets, return_
 
 
 def _window_value(window):
-    if window is None:
-        return None
-    if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)) \
-            or window < 1:
-        raise ValueError(f'window must be None (eligibility traces only) or a positive integer '
-                         f'number of time steps, got {window!r}.')
-    return int(window)
+    return optional(integer, 'window', window, sign='positive', means='eligibility traces only')
 
 
 def _no_loss(output, target):
@@ -381,17 +376,8 @@ class OnlineLearner(Learner):
 
     def __init__(self, model: brainstate.nn.Module, *, trace_dtype=None, window=None):
         super().__init__(model)
-        if trace_dtype is not None:
-            try:
-                dtype = jnp.dtype(trace_dtype)
-            except TypeError:
-                dtype = None
-            if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-                raise ValueError(f'trace_dtype must be None (the model\'s dtype) or a '
-                                 f'floating-point dtype such as jnp.float32, got '
-                                 f'{trace_dtype!r}.')
-            trace_dtype = dtype
-        self.trace_dtype = trace_dtype
+        self.trace_dtype = optional(floating_dtype, 'trace_dtype', trace_dtype,
+                                    means="the model's dtype")
         self.window = _window_value(window)
         self._early: dict = {}      # graph id -> state Jacobian evaluated a step early
 

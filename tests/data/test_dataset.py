@@ -39,7 +39,7 @@ class TestEventDataset:
             ((4, 3, 2, 5, 5), [0, 1, 0], 2, "same length"),
             ((4, 3, 2, 5, 5), [0, 1, 2, 1], 2, r"labels must lie in \[0, 2\)"),
             ((4, 3, 2, 5, 5), [0, -1, 0, 1], 2, r"labels must lie in \[0, 2\)"),
-            ((4, 3, 2, 5, 5), [0, 1, 0, 1], 0, "num_classes must be positive"),
+            ((4, 3, 2, 5, 5), [0, 1, 0, 1], 0, "num_classes must be a positive integer"),
         ],
     )
     def test_rejects_invalid_contents(self, events_shape, labels, num_classes, match):
@@ -63,7 +63,7 @@ class TestEventDataset:
         events = np.zeros((2, 1, 2, 3, 3))
         with pytest.raises(TypeError, match="labels must be integers"):
             EventDataset(events=events, labels=np.array([0.0, 1.0]), num_classes=2)
-        with pytest.raises(TypeError, match="num_classes must be an int"):
+        with pytest.raises(TypeError, match="num_classes must be a positive integer"):
             EventDataset(events=events, labels=np.array([0, 1]), num_classes=2.0)
         with pytest.raises(ValueError, match="class_names must be 2 strings"):
             EventDataset(events=events, labels=np.array([0, 1]), num_classes=2, class_names=("a",))

@@ -42,10 +42,10 @@ class TestDelayedBars:
         "kwargs, error, match",
         [
             (dict(stimulus_steps=1), ValueError, "stimulus_steps must be at least 2"),
-            (dict(stimulus_steps=2.0), TypeError, "stimulus_steps must be an int"),
-            (dict(delay_steps=0), ValueError, "delay_steps must be positive"),
-            (dict(cues=0), ValueError, "cues must be positive"),
-            (dict(n_samples=0), ValueError, "n_samples must be positive"),
+            (dict(stimulus_steps=2.0), TypeError, "stimulus_steps must be a positive integer"),
+            (dict(delay_steps=0), ValueError, "delay_steps must be a positive integer"),
+            (dict(cues=0), ValueError, "cues must be a positive integer"),
+            (dict(n_samples=0), ValueError, "n_samples must be a positive integer"),
             (dict(objects=("disc",)), ValueError, "objects must be"),
         ],
     )

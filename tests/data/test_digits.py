@@ -46,7 +46,7 @@ class TestDigitsSaccades:
             (dict(digit_size=20), r"digit_size must lie in \[8, 16\]"),
             (dict(n_samples=5000), "n_samples must be at most 1797"),
             (dict(background=1.0), r"background must lie in \(0, 1\)"),
-            (dict(jitter=-1.0), "jitter must be non-negative"),
+            (dict(jitter=-1.0), "jitter must be a non-negative number"),
         ],
     )
     def test_validation(self, kwargs, match):

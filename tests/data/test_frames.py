@@ -120,7 +120,7 @@ class TestEventsToFrames:
         [
             ({"time_window_us": 5.0, "event_count": 3}, ValueError, "at most one of"),
             ({"n_time_bins": None}, ValueError, "give n_time_bins, time_window_us or"),
-            ({"n_time_bins": 0}, ValueError, "n_time_bins must be positive"),
+            ({"n_time_bins": 0}, ValueError, "n_time_bins must be a positive integer"),
             ({"n_time_bins": None, "time_window_us": -1.0}, ValueError, "time_window_us must be"),
             ({"sensor_size": (3, 2)}, ValueError, r"need sensor_size \(X, Y, P\)"),
             ({"sensor_size": 3}, TypeError, r"sensor_size must be \(X, P\), \(X, Y, P\)"),
@@ -257,7 +257,7 @@ class TestAgainstPlainReference:
             ([("t", int), ("x", int), ("p", int)], (4, 1, 3), 1, ValueError,
              r"sensor_size\[-1\] \(polarities\) must be 1 or 2"),
             ([("t", int), ("x", int), ("p", int)], (4, 0, 1), 1, ValueError,
-             r"sensor_size\[1\] must be positive"),
+             r"sensor_size\[1\] must be a positive integer"),
         ],
     )
     def test_validation_names_what_was_expected(self, dtype, sensor_size, p, error, match):

@@ -29,7 +29,7 @@ class TestDvsEvents:
             dvs_events(np.zeros((1, 4, 2, 2)), threshold=0.5, substeps=2)
         with pytest.raises(ValueError, match="log_intensity must have shape"):
             dvs_events(np.zeros((4, 2, 2)), threshold=0.5, substeps=1)
-        with pytest.raises(ValueError, match="threshold must be positive"):
+        with pytest.raises(ValueError, match="threshold must be a positive number"):
             dvs_events(np.zeros((1, 3, 2, 2)), threshold=0.0, substeps=1)
 
 
@@ -175,15 +175,15 @@ class TestMovingBars:
     @pytest.mark.parametrize(
         "kwargs, error, match",
         [
-            (dict(n_samples=0), ValueError, "n_samples must be positive"),
+            (dict(n_samples=0), ValueError, "n_samples must be a positive integer"),
             (dict(speed=(1.0, 0.5)), ValueError, "speed must satisfy low <= high"),
-            (dict(speed=(0.0, 0.5)), ValueError, r"speed\[0\] must be positive"),
+            (dict(speed=(0.0, 0.5)), ValueError, r"speed\[0\] must be a positive number"),
             (dict(speed=0.5), TypeError, r"speed must be a \(low, high\) pair"),
             (dict(size=(16,)), TypeError, r"size must be a \(height, width\) pair"),
             (dict(objects=("bar", "disc")), ValueError, "objects must be"),
             (dict(contrast=0.3, threshold=0.5), ValueError, "contrast=0.3 is below threshold"),
             (dict(center_spread=1.5), ValueError, "center_spread"),
-            (dict(T=0), ValueError, "T must be positive"),
+            (dict(T=0), ValueError, "T must be a positive integer"),
         ],
     )
     def test_validation(self, kwargs, error, match):

@@ -72,10 +72,10 @@ class TestSyntheticSHD:
         "kwargs, error, match",
         [
             (dict(speed=(0.9, 1.7)), ValueError, "speed must stay below 1.667"),
-            (dict(channel_shift=-1), ValueError, "channel_shift must be non-negative"),
-            (dict(channel_shift=1.5), TypeError, "channel_shift must be an int"),
-            (dict(band_width=0.0), ValueError, "band_width must be positive"),
-            (dict(T=0), ValueError, "T must be positive"),
+            (dict(channel_shift=-1), ValueError, "channel_shift must be a non-negative integer"),
+            (dict(channel_shift=1.5), TypeError, "channel_shift must be a non-negative integer"),
+            (dict(band_width=0.0), ValueError, "band_width must be a positive number"),
+            (dict(T=0), ValueError, "T must be a positive integer"),
         ],
     )
     def test_validation(self, kwargs, error, match):

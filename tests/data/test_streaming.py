@@ -170,8 +170,8 @@ class TestCache:
     @pytest.mark.parametrize(
         "kwargs, error, match",
         [
-            (dict(cache_size=-1), ValueError, "cache_size must be non-negative"),
-            (dict(cache_size=2.0), TypeError, "cache_size must be an int"),
+            (dict(cache_size=-1), ValueError, "cache_size must be a non-negative integer"),
+            (dict(cache_size=2.0), TypeError, "cache_size must be a non-negative integer"),
             (dict(labels=[0, 1]), ValueError, "same length, got 3 sources and 2 labels"),
             (dict(labels=[0, 1, 3]), ValueError, r"labels must lie in \[0, 3\)"),
             (dict(read=None), TypeError, "read and to_frames must be callables"),

@@ -99,14 +99,14 @@ def refused(tr, call, error, match, directory=None):
 
 # ----------------------------------------------------------------------------- fit arguments
 @pytest.mark.parametrize('kwargs, error, match', [
-    (dict(epochs=0), ValueError, 'epochs must be a positive int, got 0'),
-    (dict(epochs=2.5), ValueError, 'epochs must be a positive int, got 2.5'),
-    (dict(batch_size=0), ValueError, 'batch_size must be a positive int, got 0'),
+    (dict(epochs=0), ValueError, 'epochs must be a positive integer, got 0'),
+    (dict(epochs=2.5), ValueError, 'epochs must be a positive integer, got 2.5'),
+    (dict(batch_size=0), ValueError, 'batch_size must be a positive integer, got 0'),
     (dict(batch_size=25), ValueError,
      r'batch_size must be at most the number of training samples \(24\), got 25'),
-    (dict(seed=-1), ValueError, 'seed must be a non-negative int, got -1'),
-    (dict(log_every=0), ValueError, 'log_every must be a positive int, got 0'),
-    (dict(eval_batch_size=0), ValueError, 'eval_batch_size must be a positive int, got 0'),
+    (dict(seed=-1), ValueError, 'seed must be a non-negative integer, got -1'),
+    (dict(log_every=0), ValueError, 'log_every must be a positive integer, got 0'),
+    (dict(eval_batch_size=0), ValueError, 'eval_batch_size must be a positive integer, got 0'),
     (dict(resume=True), ValueError, 'resume and overwrite need out_dir'),
     (dict(overwrite=True), ValueError, 'resume and overwrite need out_dir'),
     (dict(run_config={'schedule': print}), TypeError, 'run_config must be a JSON-able dict'),

@@ -198,11 +198,11 @@ def refused(tr, call, error, match, directory=None):
     (lambda m: Trainer(bc.BPTT(m), 'adam'), TypeError, 'optimizer must be an optax'),
     (lambda m: Trainer(bc.BPTT(m), loss='mean'), ValueError, 'loss must be one of'),
     (lambda m: Trainer(bc.BPTT(m), final_steps=1.5), ValueError,
-     'final_steps must be a positive int, got 1.5'),
+     'final_steps must be a positive integer, got 1.5'),
     (lambda m: Trainer(bc.BPTT(m), update_every=0), ValueError,
-     'update_every must be a positive int, got 0'),
+     'update_every must be a positive integer, got 0'),
     (lambda m: Trainer(bc.BPTT(m), update_every=True), ValueError,
-     'update_every must be a positive int, got True'),
+     'update_every must be a positive integer, got True'),
     (lambda m: Trainer(bc.BPTT(m), nonfinite='ignore'), ValueError,
      "nonfinite must be one of \\('skip', 'raise'\\)"),
     (lambda m: Trainer(bc.BPTT(brainstate.nn.Module())), ValueError, 'no brainstate.ParamState'),
@@ -324,7 +324,7 @@ def test_data_that_makes_the_loss_nan_never_reaches_the_weights(nonfinite, tmp_p
 def test_evaluate_checks(data):
     tr = trainer()
     refused(tr, lambda: tr.evaluate(data[1], batch_size=0), ValueError,
-            'batch_size must be a positive int, got 0')
+            'batch_size must be a positive integer, got 0')
     refused(tr, lambda: tr.evaluate(events_with(-np.inf, (3, 0, 1, 0, 0))), ValueError,
             'dataset events must be finite, got -inf at sample=3, t=0, channel=1')
 
