@@ -39,7 +39,7 @@ def _shown(value) -> str:
         value = value.item()
     if value is None or isinstance(value, (bool, int, float, complex, str)):
         return repr(value)
-    if isinstance(value, (tuple, list)) and len(repr(value)) <= 80:
+    if isinstance(value, (tuple, list, dict)) and len(repr(value)) <= 80:
         return repr(value)
     shape = getattr(value, 'shape', None)
     return type(value).__name__ + ('' if shape is None else f' of shape {tuple(shape)}')

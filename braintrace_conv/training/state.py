@@ -1,11 +1,23 @@
-"""Saving and restoring the state of a :class:`~braintrace_conv.training.Trainer`
-(the checkpoint files themselves are :mod:`braintrace_conv.training.checkpoint`)."""
+"""The state of a :class:`~braintrace_conv.training.Trainer` in a checkpoint: what is saved,
+and a restore that checks everything before it changes anything.
+
+A checkpoint (:mod:`braintrace_conv.training.checkpoint` is the file format) holds the
+parameters' mantissas (``param/<name>``) with their units, the optimiser state
+(``opt/<i>``), ``brainstate.random``'s key, and as metadata the epoch, the number of
+updates (``step``, the name the format keeps), the skipped updates, the history, the best
+epoch, the trainer's settings (``trainer``), the caller's run options (``run``), the
+settings and data fingerprints of :meth:`~braintrace_conv.training.Trainer.fit`
+(``fit``), the number of devices and the shuffling generator's state.
+
+A run is continued only with the settings it was written with; the one exception is its
+length: a larger ``epochs`` continues a finished run (:func:`run_differences`).
+"""
 from __future__ import annotations
 
 import os
 import warnings
 from pathlib import Path
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import brainstate
 import jax
@@ -15,60 +27,98 @@ import numpy as np
 from . import checkpoint, run_dir
 from .fingerprint import data_change
 
+__all__ = ['snapshot', 'restore', 'load_params', 'run_differences']
 
-def payload(trainer) -> tuple:
-    arrays = {f'param/{n}': np.asarray(v)
-              for n, v in trainer._view.named(trainer._view.mantissas()).items()}
+
+def snapshot(trainer) -> tuple[dict, dict]:
+    """``(arrays, metadata)`` of ``trainer``'s state now: what
+    :meth:`~braintrace_conv.training.Trainer.save_checkpoint` writes."""
+    view = trainer._view
+    arrays = {f'param/{name}': np.asarray(v) for name, v in view.named(view.mantissas()).items()}
     opt_arrays, opt_paths = checkpoint.tree_arrays('opt', trainer.opt_state)
     arrays.update(opt_arrays)
-    arrays['rng/brainstate_key'] = np.asarray(
-        jax.random.key_data(brainstate.random.get_key()))
-    meta = dict(epoch=trainer.epoch, step=trainer.step, skipped_updates=trainer.skipped_updates,
+    arrays['rng/brainstate_key'] = np.asarray(jax.random.key_data(brainstate.random.get_key()))
+    meta = dict(epoch=trainer.epoch, step=trainer.updates, skipped_updates=trainer.skipped_updates,
                 history=trainer.history, best=trainer.best, trainer=trainer.config(),
                 run=trainer.run_config, fit=trainer._fit_config, devices=len(trainer.devices),
-                units={n: str(unit) for n, unit in zip(trainer._view.names, trainer._view.units)},
+                units={name: str(unit) for name, unit in zip(view.names, view.units)},
                 opt_paths=opt_paths,
                 rng=None if trainer._rng is None else trainer._rng.bit_generator.state)
     return arrays, meta
 
 
-def restore(trainer, path: Path, expected: dict, epochs: Optional[int] = None,
-             datasets: Optional[dict] = None) -> None:
+def run_differences(stored: dict, given: dict, epochs: int) -> dict:
+    """``{option: (stored, given)}`` of the run options ``given`` that differ from those a
+    run ``stored``, except a larger ``epochs``: when ``given['epochs']`` is ``epochs``, the
+    length of the run being fitted, a run stored with fewer epochs is continued."""
+    differences = checkpoint.config_differences(stored, given)
+    old = stored.get('epochs')
+    if given.get('epochs') == epochs and isinstance(old, int) and old <= epochs:
+        differences.pop('epochs', None)
+    return differences
+
+
+class _Restored(NamedTuple):
+    """A checkpoint's state, checked against the trainer it is restored into."""
+    params: dict
+    opt_state: object
+    counts: dict
+    meta: dict
+    rng: Optional[np.random.Generator]
+    key: jax.Array
+    notes: list
+
+
+def _read(trainer, path: Path, expected: dict, epochs: Optional[int],
+          datasets: Optional[dict]) -> _Restored:
+    """The state in the checkpoint ``path``, every part checked; changes nothing."""
     arrays, meta = checkpoint.read(path)
-    stored_epochs = meta.get('run', {}).get('epochs')
-    if (epochs is not None and expected.get('run', {}).get('epochs') == epochs
-            and isinstance(stored_epochs, int) and stored_epochs <= epochs):
-        # a run's length is fit's ``epochs``: a longer one continues a finished run
-        expected = dict(expected, run=dict(expected['run'], epochs=stored_epochs))
     notes = []
     for key, given in expected.items():
         if key == 'fit' and datasets:
             notes = _check_fit(meta, given, datasets, path)
+        elif key == 'run' and epochs is not None:
+            differences = run_differences(checkpoint.field(meta, 'run', dict, path), given,
+                                          epochs)
+            if differences:
+                raise checkpoint.ConfigMismatchError(path, differences)
         else:
             checkpoint.check_config(meta, key, given, path)
     params = checkpoint.params_from(arrays, meta, trainer._view, path, cast=False)
     opt_state = checkpoint.tree_from('opt', arrays,
                                      checkpoint.field(meta, 'opt_paths', list, path),
                                      trainer.opt_state, path, 'optimiser state')
-    counts = {k: checkpoint.field(meta, k, int, path)
-              for k in ('epoch', 'step', 'skipped_updates')}
-    history = checkpoint.field(meta, 'history', list, path)
-    best = meta.get('best')
+    counts = {key: checkpoint.field(meta, key, int, path)
+              for key in ('epoch', 'step', 'skipped_updates')}
+    checkpoint.field(meta, 'history', list, path)
     rng, key = _generators(meta.get('rng'), arrays.get('rng/brainstate_key'), path)
-    # everything is valid: only now change the trainer
-    trainer._set_params(params)
-    trainer.opt_state = trainer._parallel.replicate(opt_state)
-    trainer.epoch, trainer.step, trainer.skipped_updates = (counts['epoch'], counts['step'],
-                                                   counts['skipped_updates'])
-    trainer.history = history
-    trainer.best = best
-    trainer.run_config = meta.get('run', {})
-    trainer._fit_config = meta.get('fit', {})
-    trainer._rng = rng
-    brainstate.random.set_key(key)
-    for note in notes:
+    return _Restored(params, opt_state, counts, meta, rng, key, notes)
+
+
+def restore(trainer, path: Path, expected: dict, epochs: Optional[int] = None,
+            datasets: Optional[dict] = None) -> None:
+    """Restore ``trainer`` from the checkpoint ``path`` if its metadata equal ``expected``
+    (``{'trainer': ..., 'run': ..., 'fit': ...}``; with ``epochs``, the run options may
+    hold fewer epochs: :func:`run_differences`) and its data fingerprints fit
+    ``datasets`` (keyed like them in ``expected['fit']``). Everything is checked before
+    anything changes.
+
+    Raises:
+      FileNotFoundError: No file at ``path``.
+      CheckpointError: The file is not a valid checkpoint or does not fit ``trainer``.
+    """
+    state = _read(trainer, path, expected, epochs, datasets)
+    trainer._set_params(state.params)
+    trainer.opt_state = trainer._parallel.replicate(state.opt_state)
+    trainer.epoch, trainer.updates, trainer.skipped_updates = (
+        state.counts['epoch'], state.counts['step'], state.counts['skipped_updates'])
+    trainer.history, trainer.best = state.meta['history'], state.meta.get('best')
+    trainer.run_config, trainer._fit_config = state.meta.get('run', {}), state.meta.get('fit', {})
+    trainer._rng = state.rng
+    brainstate.random.set_key(state.key)
+    for note in state.notes:
         warnings.warn(note, RuntimeWarning, stacklevel=3)
-    trained_on = meta.get('devices', len(trainer.devices))
+    trained_on = state.meta.get('devices', len(trainer.devices))
     if trained_on != len(trainer.devices):
         warnings.warn(f'{path} was trained on {trained_on} device(s), this Trainer has '
                       f'{len(trainer.devices)}: the continued run equals an uninterrupted one '
@@ -77,7 +127,9 @@ def restore(trainer, path: Path, expected: dict, epochs: Optional[int] = None,
 
 
 def load_params(trainer, path: Union[str, os.PathLike], which: Optional[str] = None) -> dict:
-    """:meth:`Trainer.load_params <braintrace_conv.training.Trainer.load_params>` of ``trainer``."""
+    """Set ``trainer``'s parameters from a checkpoint file or run directory ``path``
+    (``which`` checkpoint of a run directory: :func:`~.run_dir.checkpoint_file`),
+    floating values cast to the model's dtype; returns the checkpoint's metadata."""
     file = run_dir.checkpoint_file(path, which)
     arrays, meta = checkpoint.read(file)
     trainer._set_params(checkpoint.params_from(arrays, meta, trainer._view, file, cast=True))

@@ -26,14 +26,15 @@ stores its potential after the reset) is reported by returning its spikes.
 
 Updates: ``update_every=None`` takes one optimiser step per batch of
 sequences, from the gradient of the whole sequence loss
-(``learner.value_and_grad``). ``update_every=k`` is truly online: hidden
-states and traces are reset at the start of each batch of sequences, then
-every ``k`` steps the gradient of those steps' loss (``learner.advance``) is
-applied while hidden states and traces carry on; chunks whose steps all have
-weight 0 advance the network without an optimiser step. An online executor
-with ``window=w`` (e.g. ``D_RTRL(model, window=16)``) cuts each chunk into
-windows of ``w`` steps, a window never spanning two chunks, so ``w`` may not
-exceed ``update_every``.
+(``learner.value_and_grad``). ``update_every`` set to a number of time steps is
+truly online: hidden states and traces are reset at the start of each batch of
+sequences, then the batch is cut into chunks of ``update_every`` steps and the
+gradient of each chunk's loss (``learner.advance``) is applied while hidden
+states and traces carry on; chunks whose steps all have weight 0 advance the
+network without an optimiser step. An online executor with a ``window`` (e.g.
+``D_RTRL(model, window=16)``) cuts each chunk into windows of that many steps,
+a window never spanning two chunks, so ``window`` may not exceed
+``update_every``.
 
 Devices: ``devices`` (default: all of ``jax.devices()``) is a data-parallel
 mesh (:mod:`braintrace_conv.training.placement`): parameters and optimiser
@@ -46,7 +47,7 @@ parameter's mantissa in the parameter's own unit (see
 :mod:`braintrace_conv.training.params`), and :meth:`Trainer.value_and_grad`
 returns gradients in ``1 / unit(parameter)``.
 
-Bad data never becomes bad weights: inputs, labels and shapes are checked
+Bad data never becomes bad parameters: inputs, labels and shapes are checked
 against the model before the first step, and an update whose loss, gradient
 or result is not finite is never applied (``nonfinite='skip'`` counts it and
 warns, ``'raise'`` stops).
@@ -65,16 +66,18 @@ import numpy as np
 import optax
 import saiunit as u
 
-from .._validation import class_labels, finite, one_of, positive
+from .._validation import (ArgumentError, at_most, class_labels, finite, one_of, optional,
+                           positive)
 from ..data import EventDataset, FrameDataset
 from ..executors import Learner
 from ..units import split_unit
 from . import _fit, checkpoint, logs, placement, run_dir, state
+from . import loss as losses
 from .loss import (DEFAULT_TARGET_RATES, LOSSES, SEQUENCE_LOSSES, check_rate_targets,
                    check_target_rates, linearised_step_loss, predicted_labels, rate_penalty,
-                   sequence_loss, step_weights, weighted_cross_entropy)
+                   sequence_loss, weighted_cross_entropy)
 from .params import ParamView
-from .spikes import _fraction_spiking, _spike_method, _spike_rates, _split_output
+from .spikes import fraction_spiking, spike_rate_observer, spiking_layers, split_output
 
 __all__ = ['Trainer', 'NONFINITE']
 
@@ -92,8 +95,22 @@ def _axes(ndim: int, lead: tuple) -> Optional[tuple]:
 
 
 def _step_loss(out, target):
-    """The executors' per-step loss: :func:`weighted_cross_entropy` of the scores."""
-    return weighted_cross_entropy(_split_output(out)[0], target)
+    """The executors' per-step loss: :func:`weighted_cross_entropy` of the scores;
+    ``target`` is one step's ``(labels, step weight)``."""
+    return weighted_cross_entropy(split_output(out)[0], target)
+
+
+def _step_output(model: brainstate.nn.Module, frame_shape: tuple, dtype):
+    """The shape of one step's output for a batch of one, traced on a copy of ``model``
+    whose hidden states are initialised: the model, its states and ``brainstate.random``'s
+    key are left as they were."""
+    probe, key = brainstate.graph.clone(model), brainstate.random.get_key()
+    try:
+        brainstate.nn.init_all_states(probe, 1)
+        return brainstate.transform.eval_shape(probe, jax.ShapeDtypeStruct((1, *frame_shape),
+                                                                          dtype))
+    finally:
+        brainstate.random.set_key(key)
 
 
 class Trainer:
@@ -111,17 +128,17 @@ class Trainer:
         ``'every_step'``, ``'final'``, ``'count_ce'``, ``'count_mse'``,
         ``'max_membrane'``, ``'mean_membrane'`` (defined in
         :mod:`braintrace_conv.training.loss`); it also sets the prediction.
-      final_steps: With ``loss='final'``, the number ``k`` of last steps weighted.
+      final_steps: With ``loss='final'``, the number of last steps weighted.
       target_rates ((float, float)): With ``loss='count_mse'``, the target rate per step of the
         true class and of the other classes.
       rate_targets: ``{layer name: target rate}``: add the firing-rate regulariser of
         :mod:`braintrace_conv.training.loss` for these layers, whose spikes
         the model returns with its scores (module docstring).
       rate_strength: The weight lambda of the regulariser.
-      update_every: ``None``: one update per batch of sequences; ``k``: truly online,
-        one update every ``k`` steps (only with ``'every_step'`` and
-        ``'final'`` and no ``rate_targets``: the others need the whole
-        sequence).
+      update_every: ``None``: one update per batch of sequences; a number of time steps:
+        truly online, one update per chunk of that many steps (only with
+        ``'every_step'`` and ``'final'`` and no ``rate_targets``: the others
+        need the whole sequence).
       nonfinite ({'skip', 'raise'}): An update with a non-finite loss, gradient or result is
         never applied: ``'skip'`` counts it in :attr:`skipped_updates` and warns, ``'raise'``
         raises ``FloatingPointError``.
@@ -136,7 +153,7 @@ class Trainer:
       devices (tuple of jax.Device): The devices of :attr:`mesh`, in order.
       mesh (jax.sharding.Mesh): One-axis mesh (axis ``'batch'``) the batches are split over.
       epoch (int): Completed training epochs.
-      step (int): Optimiser updates attempted (applied or skipped).
+      updates (int): Optimiser updates attempted (applied or skipped).
       skipped_updates (int): Updates skipped for non-finite values.
       history (list of dict): One record per completed epoch (see :meth:`fit`).
       best (dict or None): ``epoch`` and ``test_accuracy`` of the best evaluated epoch so far.
@@ -166,36 +183,23 @@ class Trainer:
         self.loss = one_of('loss', loss, LOSSES)
         self.final_steps = positive('final_steps', final_steps)
         self.target_rates = check_target_rates(target_rates)
-        self.update_every = (None if update_every is None
-                             else positive('update_every', update_every))
+        self.update_every = optional(positive, 'update_every', update_every,
+                                     means='one update per sequence')
         self.rate_targets = check_rate_targets(rate_targets)
         self.rate_strength = positive('rate_strength', rate_strength, float)
-        if self.update_every is not None and self._whole_sequence:
-            what = (f'loss {self.loss!r} is a loss of the whole sequence'
-                    if self.loss in SEQUENCE_LOSSES else 'the firing-rate regulariser '
-                    '(rate_targets) is a function of the whole sequence')
-            raise ValueError(f'{what}: its gradient needs the outputs of every step, so it '
-                             f'cannot update every {self.update_every} steps; use '
-                             f'update_every=None, or a per-step loss (every_step, final) '
-                             f'without rate_targets.')
-        window = getattr(learner, 'window', None)
-        if window is not None and self.update_every is not None and window > self.update_every:
-            raise ValueError(f'the learner\'s window ({window} steps) exceeds update_every '
-                             f'({self.update_every}): a window never spans two online chunks; '
-                             f'choose window <= update_every.')
+        self._check_schedule(getattr(learner, 'window', None))
         self.nonfinite = one_of('nonfinite', nonfinite, NONFINITE)
         self._parallel = placement.DataParallel(devices)
         self.mesh, self.devices = self._parallel.mesh, self._parallel.devices
         self._view = ParamView(self.model)
-        self.spiking_layers = {'.'.join(map(str, k)): n for k, n in self.model.nodes().items()
-                               if _spike_method(n) is not None}
-        self._observe = _spike_rates(list(self.spiking_layers.values()))
+        self.spiking_layers = spiking_layers(self.model)
+        self._observe = spike_rate_observer(list(self.spiking_layers.values()))
         self._set_params(self._view.mantissas())
         self.opt_state = None if optimizer is None else self._parallel.replicate(
             optimizer.init(self._view.mantissas()))
         # Only the first process writes run files and shows progress.
         self._writer = jax.process_index() == 0
-        self.epoch = self.step = self.skipped_updates = 0
+        self.epoch = self.updates = self.skipped_updates = 0
         self.history: list = []
         self.best: Optional[dict] = None
         self.run_config: dict = {}
@@ -219,6 +223,38 @@ class Trainer:
             config['window'] = self.learner.window
         return config
 
+    def _check_schedule(self, window: Optional[int]) -> None:
+        """Refuse online updates that cannot be made: a loss of the whole sequence, or a
+        learner's window longer than a chunk."""
+        if self.update_every is None:
+            return
+        per_step = f'with {{update_every}} ({self.update_every})'
+        if self.loss in SEQUENCE_LOSSES:
+            raise ArgumentError('loss', self.loss, f'be a per-step loss (every_step, final) '
+                                                   f'{per_step}', 'a loss of the whole sequence '
+                                'needs the outputs of every step', refs=('update_every',))
+        if self.rate_targets:
+            raise ArgumentError('rate_targets', self.rate_targets, f'be empty {per_step}',
+                                'the firing-rate regulariser is a function of the whole '
+                                'sequence', refs=('update_every',))
+        if window is not None:
+            at_most('window', window, self.update_every, 'update_every',
+                    fix='a window never spans two online chunks',
+                    names={'window': "the learner's window"})
+
+    @property
+    def step(self) -> int:
+        """Deprecated name of :attr:`updates` (``step`` means a time step elsewhere)."""
+        warnings.warn('Trainer.step is Trainer.updates, the number of optimiser updates; '
+                      'step is deprecated.', DeprecationWarning, stacklevel=2)
+        return self.updates
+
+    def params(self) -> dict:
+        """``{leaf name: mantissa}``: the parameters as NumPy arrays, each in its own unit
+        (``'blocks.0.ff.weight'``; :mod:`braintrace_conv.training.params`)."""
+        return {name: np.asarray(value)      # replicated: every process holds all of it
+                for name, value in self._view.named(self._view.mantissas()).items()}
+
     @property
     def _whole_sequence(self) -> bool:
         """Whether the loss is a function of the whole sequence (trained in two passes)."""
@@ -236,17 +272,15 @@ class Trainer:
     # ------------------------------------------------------------------ data checks
     def _num_outputs(self, frame_shape: tuple, dtype, name: str) -> int:
         """Number of class scores the model returns for one step of ``frame_shape``
-        (its hidden states are re-initialised, as every call of the executors does)."""
+        (traced on a copy of the model: :func:`_step_output`)."""
         key = (tuple(frame_shape), np.dtype(dtype).str)
         if key not in self._outputs:
-            brainstate.nn.init_all_states(self.model, 1)
-            spec = jax.ShapeDtypeStruct((1, *frame_shape), dtype)
             try:
-                out = brainstate.transform.eval_shape(self.model, spec)
+                out = _step_output(self.model, frame_shape, dtype)
             except Exception as err:   # the model's own check of its input, whatever its type
                 raise ValueError(f'{name} does not fit the model: one step of shape (B, '
                                  f'{", ".join(map(str, frame_shape))}) gives: {err}') from err
-            out, spikes = _split_output(out)
+            out, spikes = split_output(out)
             missing = sorted(set(self.rate_targets) - set(spikes))
             if missing:
                 raise ValueError(f'rate_targets names layers {missing} whose spikes the model '
@@ -263,11 +297,15 @@ class Trainer:
             self._outputs[key] = out.shape[1]
         return self._outputs[key]
 
-    def _weights(self, num_steps: int, name: str) -> np.ndarray:
+    def _step_weights(self, num_steps: int, name: str) -> np.ndarray:
+        """The loss weights ``(T,)`` of the time steps of ``name``, data of ``num_steps``
+        steps."""
         try:
-            return step_weights(self.loss, num_steps, self.final_steps)
-        except ValueError as err:
-            raise ValueError(f'{name}: {err}') from None
+            return losses.step_weights(self.loss, num_steps, self.final_steps)
+        except ArgumentError as err:
+            raise ArgumentError(err.name, err.value, err.expected, err.fix, refs=err.refs,
+                                names={'num_steps': f'the number of time steps of {name}'}
+                                ) from None
 
     def _check_dataset(self, name: str, dataset) -> None:
         """Check a dataset against the model, naming the first problem. The events of a
@@ -279,13 +317,13 @@ class Trainer:
                             f'{type(dataset).__name__}.')
         if len(dataset.labels) == 0:
             raise ValueError(f'{name} must hold at least one sample, got 0.')
-        k = self._num_outputs(dataset.frame_shape, np.float32, name)
-        if dataset.num_classes > k:
-            raise ValueError(f'{name} has {dataset.num_classes} classes but the model has {k} '
-                             f'outputs (class scores); build the model with num_classes='
-                             f'{dataset.num_classes}.')
-        class_labels(f'{name} labels', dataset.labels, k)
-        self._weights(dataset.num_steps, name)
+        num_outputs = self._num_outputs(dataset.frame_shape, np.float32, name)
+        if dataset.num_classes > num_outputs:
+            raise ValueError(f'{name} has {dataset.num_classes} classes but the model has '
+                             f'{num_outputs} outputs (class scores); build the model with '
+                             f'num_classes={dataset.num_classes}.')
+        class_labels(f'{name} labels', dataset.labels, num_outputs)
+        self._step_weights(dataset.num_steps, name)
         if isinstance(dataset, EventDataset):
             finite(f'{name} events', dataset.events,
                    _axes(dataset.events.ndim, ('sample', 't')))
@@ -299,31 +337,33 @@ class Trainer:
             yield xs, labels
 
     def _check_batch(self, xs, labels) -> tuple:
+        """``(xs, labels)`` of one batch as NumPy arrays, checked against the model."""
         xs = np.asarray(xs)
         if xs.ndim < 3 or not (jnp.issubdtype(xs.dtype, jnp.number) or xs.dtype == bool):
             raise ValueError(f'xs must be a numeric array (T, B, ...), got shape {xs.shape} and '
                              f'dtype {xs.dtype}.')
-        k = self._num_outputs(xs.shape[2:], xs.dtype, 'xs')
-        labels = class_labels('labels', labels, k, batch=xs.shape[1])
+        num_outputs = self._num_outputs(xs.shape[2:], xs.dtype, 'xs')
+        labels = class_labels('labels', labels, num_outputs, batch=xs.shape[1])
         self._parallel.check_batch_size('the batch size B of xs (T, B, ...)', xs.shape[1])
-        self._weights(xs.shape[0], 'xs')
+        self._step_weights(xs.shape[0], 'xs')
         finite('xs', xs, _axes(xs.ndim, ('t', 'b')))
         return xs, labels
 
     # ------------------------------------------------------------------ updates
-    def _placed(self, xs: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> tuple:
-        """``(xs, (labels (T, B), w (T,)))`` on the devices: inputs and labels split along
-        the batch axis, step weights replicated; the executors' ``xs`` and targets."""
-        labels = np.broadcast_to(labels, (len(weights),) + labels.shape)
+    def _placed(self, xs: np.ndarray, labels: np.ndarray, step_weights: np.ndarray) -> tuple:
+        """``(xs, (labels (T, B), step weights (T,)))`` on the devices, the arguments the
+        executors take for :func:`_step_loss`: inputs and labels split along the batch
+        axis, step weights replicated."""
+        labels = np.broadcast_to(labels, (len(step_weights),) + labels.shape)
         xs, labels = self._parallel.shard((xs, labels))
-        return xs, (labels, self._parallel.replicate(weights))
+        return xs, (labels, self._parallel.replicate(step_weights))
 
     def _candidate_update(self, grads, opt_state, params, loss):
         """The optimiser step, with per-leaf gradient finiteness and whether it may be
         applied (finite loss, gradients and new parameters)."""
         finite_grads = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
-        updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        changes, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, changes)
         ok = (jnp.isfinite(loss) & jnp.all(finite_grads)
               & jnp.all(jnp.stack([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)])))
         return params, opt_state, ok, finite_grads
@@ -335,7 +375,7 @@ class Trainer:
         if bool(ok):
             self._view.assign(params)
             self.opt_state = opt_state
-            self.step += 1
+            self.updates += 1
             return True
         bad = [n for n, f in zip(self._view.names, np.asarray(finite_grads)) if not f]
         what = (f'non-finite gradient of {", ".join(bad)}' if bad
@@ -343,10 +383,10 @@ class Trainer:
                 else 'the update would make parameters non-finite')
         if self.nonfinite == 'raise':
             raise FloatingPointError(
-                f'update {self.step + 1} (epoch {self.epoch + 1}): {what}; parameters and '
+                f'update {self.updates + 1} (epoch {self.epoch + 1}): {what}; parameters and '
                 f'optimiser state are unchanged. Lower the learning rate or check the data '
                 f'(nonfinite="skip" skips such updates).')
-        self.step += 1
+        self.updates += 1
         self.skipped_updates += 1
         warnings.warn(f'skipped an optimiser update: {what}; parameters and optimiser state '
                       f'are unchanged (Trainer.skipped_updates counts them).', RuntimeWarning,
@@ -374,28 +414,31 @@ class Trainer:
         each ``dL/dW`` in ``1 / unit(W)`` (plain arrays for plain parameters).
         """
         xs, labels = self._check_batch(xs, labels)
-        loss, grads, _ = self._sequence_gradient(xs, labels, self._weights(xs.shape[0], 'xs'))
+        loss, grads, _ = self._sequence_gradient(xs, labels,
+                                                 self._step_weights(xs.shape[0], 'xs'))
         return float(loss), self._view.gradients(self._view.grad_mantissas(grads))
 
-    def _batch_loss(self, outputs, labels, weights):
+    def _batch_loss(self, outputs, labels, step_weights):
         """Per-sample loss ``(B,)`` of stacked outputs ``(T, B, ...)``: the loss of the
         scores plus, with ``rate_targets``, the firing-rate regulariser."""
-        scores, spikes = _split_output(outputs)
-        loss = sequence_loss(scores, labels, weights, self.loss, self.target_rates)
+        scores, spikes = split_output(outputs)
+        loss = sequence_loss(scores, labels, step_weights, self.loss, self.target_rates)
         if self.rate_targets:
             loss = loss + rate_penalty(spikes, self.rate_targets, self.rate_strength)
         return loss
 
-    def _sequence_gradient(self, xs: np.ndarray, labels: np.ndarray, weights: np.ndarray):
+    def _sequence_gradient(self, xs: np.ndarray, labels: np.ndarray, step_weights: np.ndarray):
         """``(loss, grads, outputs)`` of whole sequences. A loss of the whole sequence takes
         two passes (:mod:`braintrace_conv.training.loss`): the outputs and the cotangents
         ``dL/d output``, then the gradient of the linearised step loss."""
-        xs, targets = self._placed(xs, labels, weights)
+        xs, weighted_labels = self._placed(xs, labels, step_weights)
         if not self._whole_sequence:
-            return self.learner.value_and_grad(_step_loss, xs, targets, return_outputs=True)
+            return self.learner.value_and_grad(_step_loss, xs, weighted_labels,
+                                               return_outputs=True)
         outputs = self.learner.predict(xs)
+        placed_labels = weighted_labels[0][0]       # (B,), split over the devices
         loss, cotangents = jax.value_and_grad(
-            lambda out: jnp.mean(self._batch_loss(out, targets[0][0], weights)))(outputs)
+            lambda out: jnp.mean(self._batch_loss(out, placed_labels, step_weights)))(outputs)
         _, grads = self.learner.value_and_grad(linearised_step_loss, xs, cotangents)
         return loss, grads, outputs
 
@@ -413,26 +456,26 @@ class Trainer:
         return self._train_batch(*self._check_batch(xs, labels))
 
     def _train_batch(self, xs: np.ndarray, labels: np.ndarray) -> tuple:
-        weights = self._weights(xs.shape[0], 'xs')
+        """:meth:`train_batch` of a checked batch."""
+        step_weights = self._step_weights(xs.shape[0], 'xs')
         if self.update_every is None:
-            loss, grads, outputs = self._sequence_gradient(xs, labels, weights)
+            loss, grads, outputs = self._sequence_gradient(xs, labels, step_weights)
             self._apply(self._view.grad_mantissas(grads), loss)
-            total, scores = float(loss), placement.to_host(_split_output(outputs)[0])
+            total, scores = float(loss), placement.to_host(split_output(outputs)[0])
         else:
             self.learner.reset(len(labels))
             total, chunks = 0.0, []
-            k = self.update_every
-            for start in range(0, len(weights), k):
-                part = slice(start, start + k)
-                loss, grads, chunk = self.learner.advance(
-                    _step_loss, *self._placed(xs[part], labels, weights[part]),
+            for start in range(0, len(step_weights), self.update_every):
+                chunk = slice(start, start + self.update_every)
+                loss, grads, outputs = self.learner.advance(
+                    _step_loss, *self._placed(xs[chunk], labels, step_weights[chunk]),
                     return_outputs=True)
-                if weights[part].any():
+                if step_weights[chunk].any():
                     self._apply(self._view.grad_mantissas(grads), loss)
                 total += float(loss)
-                chunks.append(placement.to_host(_split_output(chunk)[0]))
+                chunks.append(placement.to_host(split_output(outputs)[0]))
             scores = np.concatenate(chunks)
-        return total, int(np.sum(predicted_labels(scores, weights, self.loss) == labels))
+        return total, int(np.sum(predicted_labels(scores, step_weights, self.loss) == labels))
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset, batch_size: int = 64) -> dict:
@@ -456,7 +499,7 @@ class Trainer:
         """
         batch_size = positive('batch_size', batch_size)
         self._check_dataset('dataset', dataset)
-        weights = self._weights(dataset.num_steps, 'dataset')
+        step_weights = self._step_weights(dataset.num_steps, 'dataset')
         # a batch larger than the data set would only be padding
         padded = self._parallel.padded_size(min(batch_size, len(dataset.labels)))
         n_total, correct, loss_sum = 0, 0, 0.0
@@ -468,11 +511,12 @@ class Trainer:
             pad[1] = (0, padded - n)
             outputs, rates = self.learner.predict(self._parallel.shard(np.pad(xs, pad)),
                                                   observe=self._observe)
-            scores, spikes = _split_output(outputs)
+            scores, spikes = split_output(outputs)
             scores, spikes = placement.to_host(scores)[:, :n], {
-                k: placement.to_host(_fraction_spiking(v))[:, :n] for k, v in spikes.items()}
-            loss_sum += float(np.sum(self._batch_loss((scores, spikes), labels, weights)))
-            correct += int(np.sum(predicted_labels(scores, weights, self.loss) == labels))
+                name: placement.to_host(fraction_spiking(value))[:, :n]
+                for name, value in spikes.items()}
+            loss_sum += float(np.sum(self._batch_loss((scores, spikes), labels, step_weights)))
+            correct += int(np.sum(predicted_labels(scores, step_weights, self.loss) == labels))
             for name, r in zip(self.spiking_layers, rates):
                 spike_sums[name] += float(np.sum(placement.to_host(r)[:, :n]))
             for name, r in spikes.items():
@@ -480,7 +524,8 @@ class Trainer:
             n_total += n
         steps = n_total * dataset.num_steps
         return dict(loss=loss_sum / n_total, accuracy=correct / n_total,
-                    spike_rates={k: v / steps for k, v in {**spike_sums, **returned}.items()})
+                    spike_rates={name: total / steps
+                                 for name, total in {**spike_sums, **returned}.items()})
 
     # ------------------------------------------------------------------ training
     def fit(self, train_dataset, *, epochs: int, batch_size: int, seed: int = 0,
@@ -557,6 +602,19 @@ class Trainer:
                         run_config=run_config, log_every=log_every, tensorboard=tensorboard,
                         progress=progress)
 
+    def check_fit(self, train_dataset, *, epochs: int, batch_size: int, seed: int = 0,
+                  eval_dataset=None, eval_batch_size: Optional[int] = None,
+                  out_dir: Union[str, os.PathLike, None] = None, resume: bool = False,
+                  overwrite: bool = False, run_config: Optional[dict] = None,
+                  log_every: int = 1) -> None:
+        """Check the arguments of :meth:`fit` as it does before it changes anything: each
+        argument, and the data sets against the model. Raises what :meth:`fit` would
+        raise for them; the run directory is checked by :meth:`fit` itself."""
+        _fit.check_arguments(self, train_dataset, eval_dataset, epochs=epochs,
+                             batch_size=batch_size, seed=seed, eval_batch_size=eval_batch_size,
+                             out_dir=out_dir, resume=resume, overwrite=overwrite,
+                             run_config=run_config, log_every=log_every)
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Write the trainer's state to the checkpoint file ``path`` (atomically).
@@ -567,7 +625,7 @@ class Trainer:
         :mod:`braintrace_conv.training.checkpoint` for the format.
         """
         self._require_optimizer('save_checkpoint')
-        checkpoint.write(path, *state.payload(self))
+        checkpoint.write(path, *state.snapshot(self))
 
     def restore_checkpoint(self, path: Union[str, os.PathLike], *,
                            run_config: Optional[dict] = None) -> None:
@@ -618,7 +676,7 @@ class Trainer:
         """
         last = self.history[-1] if self.history else {}
         return dict(self.config(), devices=len(self.devices), run_config=self.run_config,
-                    epochs_completed=self.epoch, updates=self.step,
+                    epochs_completed=self.epoch, updates=self.updates,
                     skipped_updates=self.skipped_updates,
                     train_loss=[r['train_loss'] for r in self.history],
                     train_accuracy=[r['train_accuracy'] for r in self.history],

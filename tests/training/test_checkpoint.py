@@ -1,96 +1,16 @@
 """Checkpoint files: digest-checked .npz archives that are never unpickled; crafted, corrupt,
 truncated and hostile files are refused, and a failed write leaves the previous file."""
-import hashlib
-import json
 import os
 import pickle
 import zipfile
 
-import brainstate
-import jax
 import numpy as np
-import optax
 import pytest
 
 import braintrace_conv as bc
-from braintrace_conv.data import EventDataset, moving_bars
-from braintrace_conv.models import recurrent_conv_snn
 from braintrace_conv.training import LAST_CHECKPOINT, CheckpointError, Trainer, checkpoint
 
-T, SIZE, K = 6, (8, 8), 8
-
-
-def model(seed=0, channels=(2, 4)):
-    brainstate.random.seed(seed)
-    return recurrent_conv_snn((2,) + SIZE, K, channels=channels)
-
-
-def trainer(seed=0, optimizer='adam', channels=(2, 4), **kwargs):
-    m = model(seed, channels)
-    opt = optax.adam(1e-2) if optimizer == 'adam' else optimizer
-    return Trainer(bc.ES_D_RTRL(m, m.membrane_decay()), opt, **kwargs)
-
-
-def events_with(value, at, n=16):
-    """A dataset of n samples whose events hold ``value`` at index ``at`` (sample, t, c, y, x)."""
-    events = (np.random.default_rng(0).random((n, T, 2) + SIZE) < 0.3).astype(np.float32)
-    events[at] = value
-    return EventDataset(events, np.arange(n) % K, K)
-
-
-@pytest.fixture(scope='module')
-def data():
-    return moving_bars(32, T=T, size=SIZE, seed=0).split(0.25, seed=0)
-
-
-@pytest.fixture(scope='module')
-def run(data, tmp_path_factory):
-    """A finished one-epoch run directory and the trainer that wrote it."""
-    out = tmp_path_factory.mktemp('run')
-    tr = trainer()
-    tr.fit(data[0], epochs=1, batch_size=8, eval_dataset=data[1], out_dir=out, progress=False)
-    return out, tr
-
-
-def state_of(tr) -> dict:
-    """Everything a failed call must leave unchanged."""
-    return dict(
-        params={k: np.array(v) for k, v in tr._view.named(tr._view.mantissas()).items()},
-        opt=[np.array(x) for x in jax.tree.leaves(tr.opt_state)],
-        counters=(tr.epoch, tr.step, tr.skipped_updates, json.dumps(tr.history), tr.best,
-                  json.dumps(tr.run_config)),
-        rng=None if tr._rng is None else json.dumps(tr._rng.bit_generator.state),
-        key=np.array(jax.random.key_data(brainstate.random.get_key())))
-
-
-def files_of(directory) -> dict:
-    return {os.path.relpath(os.path.join(root, f), directory):
-            hashlib.sha256(open(os.path.join(root, f), 'rb').read()).hexdigest()
-            for root, _, names in os.walk(directory) for f in names}
-
-
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            assert a[k].keys() == b[k].keys()
-            assert all(np.array_equal(a[k][n], b[k][n]) for n in a[k]), k
-        elif isinstance(a[k], list):
-            assert len(a[k]) == len(b[k]) and all(map(np.array_equal, a[k], b[k])), k
-        elif isinstance(a[k], np.ndarray):
-            assert np.array_equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
-
-
-def refused(tr, call, error, match, directory=None):
-    """``call()`` raises ``error`` matching ``match`` and changes neither ``tr`` nor ``directory``."""
-    before, disk = state_of(tr), files_of(directory) if directory else None
-    with pytest.raises(error, match=match):
-        call()
-    assert_same(before, state_of(tr))
-    if directory is not None:
-        assert files_of(directory) == disk
+from trainers import model, refused, trainer
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -304,26 +224,6 @@ def test_extension_dtypes_round_trip_bitwise(tmp_path):
         assert got[name].dtype == a.dtype and got[name].tobytes() == a.tobytes(), name
     assert got_meta['dtypes'] == {'param/bf16': 'bfloat16', 'param/f8': 'float8_e4m3fn',
                                   'param/i4': 'int4'}
-
-
-def adam_trainer(seed=0, optimizer=True):
-    brainstate.random.seed(seed)
-    model = recurrent_conv_snn((2,) + SIZE, 8, channels=(2, 4))
-    return Trainer(bc.ES_D_RTRL(model, model.membrane_decay()),
-                   optax.adam(2e-2) if optimizer else None)
-
-
-@pytest.fixture(scope='module')
-def bars():
-    return moving_bars(48, T=T, size=SIZE, seed=0).split(0.25, seed=0)
-
-
-@pytest.fixture(scope='module')
-def evaluated_run(bars, tmp_path_factory):
-    out = tmp_path_factory.mktemp('run')
-    tr = adam_trainer()
-    tr.fit(bars[0], epochs=3, batch_size=12, eval_dataset=bars[1], out_dir=out, progress=False)
-    return out, tr
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint(evaluated_run, tmp_path, monkeypatch):

@@ -1,9 +1,9 @@
 """Trainer.fit: epochs, run directories (never overwritten silently, locked while written),
 resume (bitwise, repairing what a killed run left, extending a finished run) and its arguments."""
 import csv
-import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,86 +15,13 @@ import optax
 import pytest
 
 import braintrace_conv as bc
+from braintrace_conv import nn as bnn
 from braintrace_conv.data import EventDataset, moving_bars
-from braintrace_conv.models import recurrent_conv_snn
 from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, METRICS_NAME,
                                       SCALAR_COLUMNS, SCALARS_NAME, ConfigMismatchError, Trainer,
                                       checkpoint)
 
-T, SIZE, K = 6, (8, 8), 8
-
-
-def model(seed=0, channels=(2, 4)):
-    brainstate.random.seed(seed)
-    return recurrent_conv_snn((2,) + SIZE, K, channels=channels)
-
-
-def trainer(seed=0, optimizer='adam', channels=(2, 4), **kwargs):
-    m = model(seed, channels)
-    opt = optax.adam(1e-2) if optimizer == 'adam' else optimizer
-    return Trainer(bc.ES_D_RTRL(m, m.membrane_decay()), opt, **kwargs)
-
-
-def events_with(value, at, n=16):
-    """A dataset of n samples whose events hold ``value`` at index ``at`` (sample, t, c, y, x)."""
-    events = (np.random.default_rng(0).random((n, T, 2) + SIZE) < 0.3).astype(np.float32)
-    events[at] = value
-    return EventDataset(events, np.arange(n) % K, K)
-
-
-@pytest.fixture(scope='module')
-def data():
-    return moving_bars(32, T=T, size=SIZE, seed=0).split(0.25, seed=0)
-
-
-@pytest.fixture(scope='module')
-def run(data, tmp_path_factory):
-    """A finished one-epoch run directory and the trainer that wrote it."""
-    out = tmp_path_factory.mktemp('run')
-    tr = trainer()
-    tr.fit(data[0], epochs=1, batch_size=8, eval_dataset=data[1], out_dir=out, progress=False)
-    return out, tr
-
-
-def state_of(tr) -> dict:
-    """Everything a failed call must leave unchanged."""
-    return dict(
-        params={k: np.array(v) for k, v in tr._view.named(tr._view.mantissas()).items()},
-        opt=[np.array(x) for x in jax.tree.leaves(tr.opt_state)],
-        counters=(tr.epoch, tr.step, tr.skipped_updates, json.dumps(tr.history), tr.best,
-                  json.dumps(tr.run_config)),
-        rng=None if tr._rng is None else json.dumps(tr._rng.bit_generator.state),
-        key=np.array(jax.random.key_data(brainstate.random.get_key())))
-
-
-def files_of(directory) -> dict:
-    return {os.path.relpath(os.path.join(root, f), directory):
-            hashlib.sha256(open(os.path.join(root, f), 'rb').read()).hexdigest()
-            for root, _, names in os.walk(directory) for f in names}
-
-
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            assert a[k].keys() == b[k].keys()
-            assert all(np.array_equal(a[k][n], b[k][n]) for n in a[k]), k
-        elif isinstance(a[k], list):
-            assert len(a[k]) == len(b[k]) and all(map(np.array_equal, a[k], b[k])), k
-        elif isinstance(a[k], np.ndarray):
-            assert np.array_equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
-
-
-def refused(tr, call, error, match, directory=None):
-    """``call()`` raises ``error`` matching ``match`` and changes neither ``tr`` nor ``directory``."""
-    before, disk = state_of(tr), files_of(directory) if directory else None
-    with pytest.raises(error, match=match):
-        call()
-    assert_same(before, state_of(tr))
-    if directory is not None:
-        assert files_of(directory) == disk
+from trainers import SIZE, K, T, events_with, model, params_of, refused, trainer
 
 
 # ----------------------------------------------------------------------------- fit arguments
@@ -151,7 +78,7 @@ def test_datasets_are_checked_before_the_first_step(data, train, evaluate, error
 def test_final_steps_longer_than_the_data(data):
     tr = trainer(loss='final', final_steps=T + 1)
     refused(tr, lambda: tr.fit(data[0], epochs=1, batch_size=8, progress=False), ValueError,
-            rf'train_dataset: final_steps must be at most .*\({T}\), got {T + 1}')
+            rf'final_steps must be at most the number of time steps of train_dataset \({T}\), got {T + 1}')
 
 
 # ----------------------------------------------------------------------------- run directories
@@ -194,36 +121,16 @@ def test_resume_refuses_another_configuration(run, data, change, match):
             ConfigMismatchError, match, out)
 
 
-@pytest.fixture(scope='module')
-def bars():
-    return moving_bars(48, T=T, size=SIZE, seed=0).split(0.25, seed=0)
-
-
-def tiny_model(seed=0, channels=(2, 4)):
-    brainstate.random.seed(seed)
-    return recurrent_conv_snn((2,) + SIZE, 8, channels=channels)
-
-
-def tiny_trainer(seed=0, lr=1e-2, **kwargs):
-    model = tiny_model(seed)
-    return Trainer(bc.ES_D_RTRL(model, model.membrane_decay()), optax.adam(lr), **kwargs)
-
-
-def params_of(trainer):
-    states = trainer.model.states(brainstate.ParamState)
-    return {k: np.asarray(st.value) for k, st in states.items()}
-
-
 # ----------------------------------------------------------------------------- checkpoints
 def test_resume_gives_identical_result(bars, tmp_path):
     train, test = bars
     kwargs = dict(batch_size=8, seed=3, eval_dataset=test, progress=False)
-    straight = tiny_trainer(update_every=3)
+    straight = trainer(update_every=3)
     straight.fit(train, epochs=2, out_dir=tmp_path / 'straight', **kwargs)
 
-    interrupted = tiny_trainer(update_every=3)
+    interrupted = trainer(update_every=3)
     interrupted.fit(train, epochs=1, out_dir=tmp_path / 'resumed', **kwargs)
-    resumed = tiny_trainer(seed=7, update_every=3)       # other initial weights: restore must win
+    resumed = trainer(seed=7, update_every=3)       # other initial weights: restore must win
     resumed.fit(train, epochs=2, out_dir=tmp_path / 'resumed', resume=True, **kwargs)
 
     assert resumed.epoch == straight.epoch == 2
@@ -239,9 +146,8 @@ def test_resume_gives_identical_result(bars, tmp_path):
 
 def test_fit_writes_metrics_and_learning_curve(bars, tmp_path):
     train, test = bars
-    trainer = Trainer(bc.BPTT(tiny_model()), optax.adam(1e-2), loss='final', final_steps=2)
-    trainer.fit(train, epochs=2, batch_size=8, eval_dataset=test, out_dir=tmp_path,
-                progress=False)
+    tr = Trainer(bc.BPTT(model()), optax.adam(1e-2), loss='final', final_steps=2)
+    tr.fit(train, epochs=2, batch_size=8, eval_dataset=test, out_dir=tmp_path, progress=False)
     metrics = json.loads((tmp_path / METRICS_NAME).read_text())
     assert metrics['algorithm'] == 'BPTT' and metrics['loss'] == 'final'
     assert metrics['epochs_completed'] == 2 and len(metrics['train_loss']) == 2
@@ -254,21 +160,6 @@ def test_fit_writes_metrics_and_learning_curve(bars, tmp_path):
     assert rows[0] == ','.join(SCALAR_COLUMNS)
     steps = [int(r.split(',')[0]) for r in rows[1:]]
     assert steps == list(range(1, 2 * (len(train) // 8) + 1))     # one row per update
-
-
-def adam_trainer(seed=0, optimizer=True):
-    brainstate.random.seed(seed)
-    model = recurrent_conv_snn((2,) + SIZE, 8, channels=(2, 4))
-    return Trainer(bc.ES_D_RTRL(model, model.membrane_decay()),
-                   optax.adam(2e-2) if optimizer else None)
-
-
-@pytest.fixture(scope='module')
-def evaluated_run(bars, tmp_path_factory):
-    out = tmp_path_factory.mktemp('run')
-    tr = adam_trainer()
-    tr.fit(bars[0], epochs=3, batch_size=12, eval_dataset=bars[1], out_dir=out, progress=False)
-    return out, tr
 
 
 def test_last_and_best_checkpoints(evaluated_run, bars):
@@ -291,7 +182,7 @@ def test_overwrite_replaces_only_the_run_files(evaluated_run, bars, tmp_path):
     for name in os.listdir(evaluated_run[0]):
         if name != 'tensorboard':
             (out / name).write_bytes((evaluated_run[0] / name).read_bytes())
-    tr = adam_trainer(seed=2)
+    tr = trainer(seed=2, lr=2e-2)
     tr.fit(bars[0], epochs=1, batch_size=12, out_dir=out, overwrite=True, progress=False,
            tensorboard=False)
     assert (out / 'notes.txt').read_text() == 'mine'
@@ -308,7 +199,7 @@ def fit(tr, bars, out, epochs, **kwargs):
 
 def test_resume_repairs_what_a_run_killed_after_its_last_checkpoint_left(bars, tmp_path):
     out = tmp_path / 'run'
-    fit(adam_trainer(), bars, out, 1)
+    fit(trainer(lr=2e-2), bars, out, 1)
     intact = {name: (out / name).read_bytes() for name in os.listdir(out)}
     # killed between the last and the best checkpoint writes, before metrics and the curve
     (out / BEST_CHECKPOINT).unlink()
@@ -317,7 +208,7 @@ def test_resume_repairs_what_a_run_killed_after_its_last_checkpoint_left(bars, t
     (out / '.checkpoint-best.npz.x1y2.tmp').write_bytes(b'partial')
     assert bc.training.run_dir.lagging(out, 1, checkpoint.read(out / LAST_CHECKPOINT)[1]['best']) \
         == [BEST_CHECKPOINT, 'metrics.json', 'learning_curve.png', '.checkpoint-best.npz.x1y2.tmp']
-    tr = adam_trainer(seed=7)
+    tr = trainer(seed=7, lr=2e-2)
     fit(tr, bars, out, 1, resume=True)
     assert sorted(os.listdir(out)) == sorted(intact)
     assert (out / BEST_CHECKPOINT).read_bytes() == intact[LAST_CHECKPOINT]
@@ -333,12 +224,12 @@ def scalars(out):
 
 
 def test_a_larger_epochs_continues_a_finished_run(bars, tmp_path):
-    fit(adam_trainer(), bars, tmp_path / 'straight', 2)
-    fit(adam_trainer(), bars, tmp_path / 'extended', 1)
+    fit(trainer(lr=2e-2), bars, tmp_path / 'straight', 2)
+    fit(trainer(lr=2e-2), bars, tmp_path / 'extended', 1)
     # a damaged scalars.csv (bytes that are not UTF-8) loses only its damaged rows
     with open(tmp_path / 'extended' / SCALARS_NAME, 'ab') as f:
         f.write(b'\xff\xfe,\x80\n')
-    fit(adam_trainer(seed=7), bars, tmp_path / 'extended', 2, resume=True)
+    fit(trainer(seed=7, lr=2e-2), bars, tmp_path / 'extended', 2, resume=True)
     a, meta_a = checkpoint.read(tmp_path / 'straight' / LAST_CHECKPOINT)
     b, meta_b = checkpoint.read(tmp_path / 'extended' / LAST_CHECKPOINT)
     for name in a:                   # a constant learning rate: bitwise the uninterrupted evaluated_run
@@ -346,7 +237,7 @@ def test_a_larger_epochs_continues_a_finished_run(bars, tmp_path):
     assert meta_b['epoch'] == 2 and meta_b['run'] == dict(epochs=2)
     assert scalars(tmp_path / 'straight') == scalars(tmp_path / 'extended')
     with pytest.raises(bc.training.ConfigMismatchError, match='epochs: 2 in the checkpoint, 1 now'):
-        fit(adam_trainer(seed=7), bars, tmp_path / 'extended', 3, resume=True,
+        fit(trainer(seed=7, lr=2e-2), bars, tmp_path / 'extended', 3, resume=True,
             run_config=dict(epochs=1))
 
 
@@ -369,14 +260,14 @@ def test_a_run_directory_is_locked_while_a_process_writes_in_it(evaluated_run, b
             with pytest.raises(bc.training.run_dir.RunLockedError,
                                match=f'run is in use: another process \\(pid {holder.pid}\\) is '
                                      f'writing a run in it'):
-                fit(adam_trainer(seed=3), bars, out, 4, **flags)
+                fit(trainer(seed=3, lr=2e-2), bars, out, 4, **flags)
             assert {p: p.read_bytes() for p in out.rglob('*') if p.is_file()} == before
     finally:
         holder.kill()
         holder.wait()
     # the lock file of the killed holder remains, with its pid: it is stale and taken over
     assert (out / '.lock').read_text().split()[0] == str(holder.pid)
-    fit(adam_trainer(seed=3), bars, out, 1, overwrite=True)
+    fit(trainer(seed=3, lr=2e-2), bars, out, 1, overwrite=True)
     assert not (out / '.lock').exists()
 
 
@@ -388,16 +279,31 @@ def test_overwrite_removes_links_never_their_targets(evaluated_run, bars, tmp_pa
     (out / 'tensorboard').symlink_to(elsewhere)
     (out / 'metrics.json').unlink()
     (out / 'metrics.json').symlink_to(elsewhere / 'keep.txt')
-    fit(adam_trainer(seed=3), bars, out, 1, overwrite=True)
+    fit(trainer(seed=3, lr=2e-2), bars, out, 1, overwrite=True)
     assert (elsewhere / 'keep.txt').read_text() == 'not the run\'s'
     assert os.listdir(elsewhere) == ['keep.txt']
     assert not (out / 'tensorboard').exists() and not (out / 'metrics.json').is_symlink()
 
 
-def test_progress_line_names_spike_rates_only_when_there_are_some():
-    from braintrace_conv.training._fit import _summary_line
-    record = dict(epoch=1, train_loss=0.5, train_accuracy=0.5, skipped_updates=0,
-                  epoch_time_s=1.0, test_accuracy=0.5, spike_rates={})
-    assert 'spike rates' not in _summary_line(record, 1)
-    record['spike_rates'] = {'neu': 0.25}
-    assert 'spike rates [neu 0.250]' in _summary_line(record, 1)
+class Readout(brainstate.nn.Module):
+    """Class scores straight from the frames: no neuron, so no spike rates."""
+
+    def __init__(self):
+        super().__init__()
+        self.flat, self.fc = bnn.Flatten(), bnn.Linear(2 * SIZE[0] * SIZE[1], K)
+
+    def update(self, x):
+        return self.fc(self.flat(x))
+
+
+@pytest.mark.parametrize('net, rates', [
+    (model, r', spike rates \[blocks\.0\.neuron \d\.\d{3}, blocks\.1\.neuron \d\.\d{3}\]'),
+    (Readout, ''),
+])
+def test_each_epoch_prints_a_line_naming_spike_rates_only_when_there_are_some(data, capsys, net,
+                                                                              rates):
+    Trainer(bc.BPTT(net()), optax.adam(1e-2)).fit(data[0], epochs=1, batch_size=8,
+                                                  eval_dataset=data[1])
+    line = capsys.readouterr().out
+    assert re.fullmatch(r'epoch 1/1: train loss \d\.\d{4}, train acc \d+\.\d%, test acc \d+\.\d%'
+                        + rates + r' \(\d+\.\d s\)\n', line), line

@@ -120,7 +120,7 @@ def test_sequence_loss_in_fit_and_evaluate():
                       target_rates=(0.9, 0.05), devices=1)
     assert trainer.config()['target_rates'] == [0.9, 0.05]
     history = trainer.fit(data, epochs=1, batch_size=4, eval_dataset=data, progress=False)
-    assert np.isfinite(history[0]['train_loss']) and trainer.step == 2
+    assert np.isfinite(history[0]['train_loss']) and trainer.updates == 2
     metrics = trainer.evaluate(data, batch_size=8)
     scores = trainer.learner.predict(jnp.asarray(np.moveaxis(data.events, 0, 1),
                                                  jnp.float64))
@@ -131,7 +131,9 @@ def test_sequence_loss_in_fit_and_evaluate():
 
 def test_sequence_loss_errors():
     model = Net()
-    with pytest.raises(ValueError, match="loss 'count_ce' is a loss of the whole sequence"):
+    with pytest.raises(ValueError, match=r"^loss must be a per-step loss \(every_step, final\) "
+                                         r"with update_every \(2\), got 'count_ce'; a loss of "
+                                         r"the whole sequence needs the outputs of every step"):
         Trainer(bc.D_RTRL(model), optax.sgd(0.1), loss='count_ce', update_every=2)
     with pytest.raises(ValueError, match='target_rates must be two rates'):
         Trainer(bc.D_RTRL(model), optax.sgd(0.1), loss='count_mse', target_rates=(2, 0))
@@ -179,7 +181,8 @@ def test_rate_regulariser_errors():
                 devices=1).value_and_grad(np.zeros((2, 2, 2, 5, 5)), np.zeros(2, int))
     with pytest.raises(ValueError, match='rate_targets must be a dict'):
         Trainer(bc.D_RTRL(SpikingNet()), optax.sgd(0.1), rate_targets={'hidden': 3})
-    with pytest.raises(ValueError, match='the firing-rate regulariser'):
+    with pytest.raises(ValueError, match=r"^rate_targets must be empty with update_every \(2\), "
+                                         r"got \{'hidden': 0.1\}; the firing-rate regulariser"):
         Trainer(bc.D_RTRL(SpikingNet()), optax.sgd(0.1), rate_targets={'hidden': 0.1},
                 update_every=2)
 
@@ -187,5 +190,5 @@ def test_rate_regulariser_errors():
 def test_step_weights():
     np.testing.assert_array_equal(step_weights('every_step', 4), [0.25] * 4)
     np.testing.assert_array_equal(step_weights('final', 4, 2), [0, 0, 0.5, 0.5])
-    with pytest.raises(ValueError, match='final_steps must be at most'):
+    with pytest.raises(ValueError, match=r'^final_steps must be at most num_steps \(1\), got 2'):
         step_weights('final', 1, 2)

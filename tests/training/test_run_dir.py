@@ -5,36 +5,9 @@ import socket
 import subprocess
 import sys
 
-import brainstate
-import optax
 import pytest
 
-import braintrace_conv as bc
-from braintrace_conv.data import moving_bars
-from braintrace_conv.models import recurrent_conv_snn
-from braintrace_conv.training import CURVE_NAME, Trainer, run_dir
-
-T, SIZE = 6, (8, 8)
-
-
-def adam_trainer(seed=0, optimizer=True):
-    brainstate.random.seed(seed)
-    model = recurrent_conv_snn((2,) + SIZE, 8, channels=(2, 4))
-    return Trainer(bc.ES_D_RTRL(model, model.membrane_decay()),
-                   optax.adam(2e-2) if optimizer else None)
-
-
-@pytest.fixture(scope='module')
-def bars():
-    return moving_bars(48, T=T, size=SIZE, seed=0).split(0.25, seed=0)
-
-
-@pytest.fixture(scope='module')
-def evaluated_run(bars, tmp_path_factory):
-    out = tmp_path_factory.mktemp('run')
-    tr = adam_trainer()
-    tr.fit(bars[0], epochs=3, batch_size=12, eval_dataset=bars[1], out_dir=out, progress=False)
-    return out, tr
+from braintrace_conv.training import CURVE_NAME, run_dir
 
 
 def tree(directory) -> dict:
