@@ -49,20 +49,30 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from .evaluate import _evaluate
+from .evaluate import evaluate
 from .options import DEFAULT_CACHE_SIZE, MODEL_DEFAULTS, RUN_OPTIONS, SHD_CHANNELS, TASK_DEFAULTS
-from .parser import PROG, UsageError, build_parser
-from .train import _train
+from .parser import PROG, Interrupted, UsageError, build_parser
+from .train import train
 
 __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS',
-           'SHD_CHANNELS', 'DEFAULT_CACHE_SIZE']
+           'SHD_CHANNELS', 'DEFAULT_CACHE_SIZE', 'EXIT_OK', 'EXIT_ERROR', 'EXIT_USAGE',
+           'EXIT_INTERRUPTED']
+
+#: Exit code of a command that did what it was asked (also a resumed run found finished).
+EXIT_OK = 0
+#: Exit code of an I/O error (or running out of memory) during the run.
+EXIT_ERROR = 1
+#: Exit code of a user error: the usage line, then one line saying what was wrong.
+EXIT_USAGE = 2
+#: Exit code of an interrupted command (Ctrl-C).
+EXIT_INTERRUPTED = 130
 
 
 def _run(argv: Optional[Sequence[str]], start: float) -> int:
     args = build_parser().parse_args(argv)
     if args.command == 'train':
-        return _train(args, args.usage, start)
-    return _evaluate(args, args.usage)
+        return train(args, args.usage, start)
+    return evaluate(args, args.usage)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -80,17 +90,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as error:
         print(f'{error.usage.strip()}\n{PROG}: error: {" ".join(str(error).split())}',
               file=sys.stderr)
-        return 2
-    except SystemExit as exit_:   # --help, --version, interruption
-        return exit_.code if isinstance(exit_.code, int) else 0
-    except KeyboardInterrupt:
-        print(f'{PROG}: interrupted', file=sys.stderr)
-        return 130
+        return EXIT_USAGE
+    except SystemExit as exit_:   # --help, --version
+        return exit_.code if isinstance(exit_.code, int) else EXIT_OK
+    except (KeyboardInterrupt, Interrupted) as interruption:
+        said = f'; {interruption}' if isinstance(interruption, Interrupted) else ''
+        print(f'{PROG}: interrupted{said}', file=sys.stderr)
+        return EXIT_INTERRUPTED
     except OSError as error:
         print(f'{PROG}: error: {error}', file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     except MemoryError:
         print(f'{PROG}: error: out of memory; lower the sizes of the task or the model '
               f'(--samples, --size, --steps, --channels, --batch-size)', file=sys.stderr)
-        return 1
+        return EXIT_ERROR
 

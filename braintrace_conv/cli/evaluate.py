@@ -1,4 +1,5 @@
-"""``braintrace-conv evaluate``: the test accuracy of a saved run, on the data it was evaluated on."""
+"""``braintrace-conv evaluate``: the test accuracy of a saved run, on the data it was
+evaluated on."""
 from __future__ import annotations
 
 import argparse
@@ -8,20 +9,22 @@ from pathlib import Path
 
 from ..training import checkpoint, run_dir
 from ..training.fingerprint import data_change
-from .build import _setup
-from .options import MULTI_VALUE_OPTIONS, RUN_OPTIONS
-from .parser import PROG, UsageError, _option, build_parser
-from .resolve import _devices, _resolve
+from .build import setup
+from .options import EVALUATE_OPTIONS, TRAIN_OPTIONS, flag, given
+from .parser import PROG, UsageError, build_parser
+from .resolve import check_values, devices, resolve
+
+__all__ = ['evaluate']
 
 #: Largest ``metrics.json`` that ``evaluate`` reads to confirm a run's data directory.
 MAX_METRICS_BYTES = 64 * 2**20
 
 
-def _evaluate(args, usage: str) -> int:
-    if args.batch_size <= 0:
-        raise UsageError(f'--batch-size must be positive, got {args.batch_size}', usage)
+def evaluate(args, usage: str) -> int:
+    """Run ``braintrace-conv evaluate`` with the parsed command line ``args``."""
+    options = argparse.Namespace(**check_values(EVALUATE_OPTIONS, vars(args), usage))
     try:
-        path = run_dir.checkpoint_file(args.run, args.checkpoint)
+        path = run_dir.checkpoint_file(options.run, options.checkpoint)
         _, meta = checkpoint.read(path)
         stored = checkpoint.field(meta, 'run', dict, path)
     except (FileNotFoundError, checkpoint.CheckpointError) as error:
@@ -30,22 +33,21 @@ def _evaluate(args, usage: str) -> int:
     if missing:
         raise UsageError(f'--run: {path} was not written by "{PROG} train" (its run options '
                          f'lack {", ".join(missing)})', usage)
-    run = _stored_run(dict(stored, data=_evaluation_data(args, stored, path, usage)), path,
-                      usage)
-    run.devices = _devices(args.devices, usage)
+    run = _stored_run(dict(stored, data=_evaluation_data(options, stored, path, usage)), path,
+                      devices(options.devices, usage), usage)
     try:
-        trainer, _, test = _setup(run, usage, train=False)
+        trainer, _, test = setup(run, usage, train=False)
     except UsageError as error:
         raise UsageError(f'--run: the data or model of the run in {path} cannot be rebuilt: '
                          f'{error}', usage) from None
-    _check_test_data(test, meta, path, args.allow_data_change, usage)
+    _check_test_data(test, meta, path, options.allow_data_change, usage)
     try:
         meta = trainer.load_params(path)
     except checkpoint.CheckpointError as error:
         raise UsageError(f'--run: {error}', usage) from None
-    result = trainer.evaluate(test, args.batch_size)
-    rates = ', '.join(f'{k} {v:.3f}' for k, v in result['spike_rates'].items())
-    print(f'{path.name} (epoch {meta["epoch"]}) of {args.run}: {run.task}, {len(test)} test '
+    result = trainer.evaluate(test, options.batch_size)
+    rates = ', '.join(f'{name} {rate:.3f}' for name, rate in result['spike_rates'].items())
+    print(f'{path.name} (epoch {meta["epoch"]}) of {options.run}: {run.task}, {len(test)} test '
           f'samples: test accuracy {result["accuracy"]:.1%}, test loss {result["loss"]:.4f}, '
           f'spike rates [{rates}]')
     return 0
@@ -67,20 +69,20 @@ def _recorded_run_option(metrics: Path, key: str):
     return options.get(key) if isinstance(options, dict) else None
 
 
-def _evaluation_data(args, stored: dict, path: Path, usage: str):
+def _evaluation_data(options, stored: dict, path: Path, usage: str):
     """The data directory to rebuild the test set of the run stored in the checkpoint
     ``path`` from: ``--data``, or (a run of --task events) the one the run recorded both in
     that checkpoint and in the ``metrics.json`` beside it. No directory a crafted
     checkpoint names alone is ever read or listed."""
     if stored.get('task') != 'events':
-        if args.data is not None:
+        if options.data is not None:
             raise UsageError(f'--data applies only to runs of --task events; the run in {path} '
                              f'is of --task {stored.get("task")}', usage)
         return stored.get('data')
-    if args.data is not None:
-        if not args.data.is_dir():
-            raise UsageError(f'--data {args.data} is not a directory', usage)
-        return str(args.data)
+    if options.data is not None:
+        if not options.data.is_dir():
+            raise UsageError(f'--data {options.data} is not a directory', usage)
+        return str(options.data)
     named, metrics = stored.get('data'), path.parent / run_dir.METRICS_NAME
     recorded = _recorded_run_option(metrics, 'data')
     if named is None or recorded != named:
@@ -94,25 +96,31 @@ def _evaluation_data(args, stored: dict, path: Path, usage: str):
     return named
 
 
-def _stored_run(stored: dict, path, usage: str) -> argparse.Namespace:
-    """The run options stored with a run, parsed and checked as the command line's are
-    (options an earlier version did not store take their defaults)."""
-    argv = ['train']
-    for key in RUN_OPTIONS:
-        value = stored.get(key)
-        if key == 'final_steps' and stored.get('loss') != 'final':
-            continue        # stored by every run, meaningful only with --loss final
+def _argv(stored: dict, devices: int) -> list:
+    """The ``train`` command line of the run options ``stored`` with a run, on ``devices``
+    devices. An option without effect is left out (e.g. ``final_steps``, stored by every
+    run, unless ``--loss final``); options an earlier version did not store take their
+    defaults."""
+    argv = ['train', f'--devices={devices}']
+    for option in TRAIN_OPTIONS:
+        value = stored.get(option.name)
+        if option.stored == 'never' or not given(value) or not all(
+                r.met(stored) for r in option.requires if r.refused):
+            continue
         if value is True:
-            argv.append(_option(key))
-        elif key in MULTI_VALUE_OPTIONS and isinstance(value, list):
-            argv += [_option(key), *map(str, value)]
-        elif value is not None and value is not False:
+            argv.append(flag(option.name))
+        elif option.nargs is not None and isinstance(value, list):
+            argv += [flag(option.name), *map(str, value)]
+        else:
             shown = ','.join(map(str, value)) if isinstance(value, list) else value
-            argv.append(f'{_option(key)}={shown}')
+            argv.append(f'{flag(option.name)}={shown}')
+    return argv
+
+
+def _stored_run(stored: dict, path, devices: int, usage: str) -> argparse.Namespace:
+    """The run options stored with a run, parsed and checked as the command line's are."""
     try:
-        run = build_parser().parse_args(argv)
-        run.devices = 1     # checked against evaluate's own --devices afterwards
-        return _resolve(run, usage)
+        return resolve(build_parser().parse_args(_argv(stored, devices)), usage)
     except UsageError as error:
         raise UsageError(f'--run: the run options stored in {path} are not valid: {error}',
                          usage) from None

@@ -2,44 +2,30 @@
 channels) and directories of tonic-format event files, 1-D and 2-D, in memory or streamed."""
 import json
 
-import numpy as np
 import pytest
 
 from braintrace_conv.cli import main
 from braintrace_conv.training import LAST_CHECKPOINT, checkpoint
 
-EVENT_TINY = ['--epochs', '1', '--steps', '8', '--batch-size', '6', '--channels', '2,4', '--lr', '2e-2',
-        '--quiet']
+from cli_runs import EVENT_TINY, TRAIN, refused
+
+MEMORY = [  # refused before anything is allocated
+    ([*TRAIN, '--channels', '2000000,2000000'],
+     r'the model needs about .* PiB for its .* parameters .*; lower --channels or --kernel-size'),
+    (['train', '--task', 'events', '--data', '{empty}', '--sensor-size', '1000000,1000000,2'],
+     r'the dataset needs about .* \(1 samples x 20 steps x 1000000 x 1000000 x 2 float32.*'
+     r'lower --sensor-size or --steps'),
+    (['train', '--task', 'shd', '--samples', '100000000'],
+     r'the dataset needs about .* \(100000000 samples x 50 steps x 1 x 700 float32.*lower '
+     r'--samples or --steps'),
+    (['train', '--size', '100000'], r'the dataset needs about 5.82 PiB \(2048 samples x 20 '
+                                    r'steps x 2 x 100000 x 100000 float32.*lower --samples'),
+]
 
 
-# tonic's formats: audio sensors (SHD) store t, x, p; DVS cameras x, y, t, p with a bool polarity
-AUDIO = np.dtype([('t', np.int64), ('x', np.int64), ('p', np.int64)])
-
-
-DVS = np.dtype([('x', np.int16), ('y', np.int16), ('t', np.int64), ('p', bool)])
-
-
-@pytest.fixture(scope='module')
-def recordings(tmp_path_factory):
-    """``audio/`` (32 channels) and ``dvs/`` (8 x 8 pixels, 2 polarities), each with classes
-    ``down`` (events in the lower half of x) and ``up`` (upper half), 12 files per class."""
-    root = tmp_path_factory.mktemp('recordings')
-    rng = np.random.default_rng(0)
-    for label, low in (('down', 0), ('up', 16)):
-        for sensor in ('audio', 'dvs'):
-            (root / sensor / label).mkdir(parents=True)
-        for i in range(12):
-            n = 300
-            audio = np.zeros(n, AUDIO)
-            audio['t'] = np.sort(rng.integers(0, 100_000, n))
-            audio['x'], audio['p'] = rng.integers(low, low + 16, n), 1
-            np.save(root / 'audio' / label / f'{i:03d}.npy', audio)
-            dvs = np.zeros(n, DVS)
-            dvs['t'] = np.sort(rng.integers(0, 100_000, n))
-            dvs['x'], dvs['y'] = rng.integers(low // 4, low // 4 + 4, n), rng.integers(0, 8, n)
-            dvs['p'] = rng.random(n) < 0.5
-            np.save(root / 'dvs' / label / f'{i:03d}.npy', dvs)
-    return root
+@pytest.mark.parametrize('argv, match', MEMORY)
+def test_data_and_models_that_cannot_fit_in_memory_are_refused_first(root, capsys, argv, match):
+    refused(root, capsys, argv, match)
 
 
 def first_kernel(out) -> tuple:

@@ -1,5 +1,4 @@
 """``braintrace-conv evaluate``: a saved run rebuilt from its stored options, on the data it was evaluated on."""
-import hashlib
 import json
 import os
 import re
@@ -10,28 +9,33 @@ import pytest
 
 from braintrace_conv import cli
 from braintrace_conv.cli import main
-from braintrace_conv.data import stream_directory
+from braintrace_conv.data import StreamingEventDataset, stream_directory
 from braintrace_conv.training import BEST_CHECKPOINT, LAST_CHECKPOINT, checkpoint
 from braintrace_conv.training.fingerprint import data_fingerprint
 
-TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
-        '--batch-size', '12', '--quiet']
+from cli_runs import EVENT_TINY, error_line, files_of, refused
+
+REFUSED = [
+    (['evaluate'], 'the following arguments are required: --run'),
+    (['evaluate', '--run', '{empty}'], r'--run: .*empty holds no checkpoint'),
+    (['evaluate', '--run', ''], 'argument --run: expected a path, got an empty string'),
+    (['evaluate', '--run', '{root}/absent'], r'--run: no checkpoint at .*absent'),
+    (['evaluate', '--run', '{corrupt}'], '--run: .* is corrupt'),
+    (['evaluate', '--run', '{run}', '--checkpoint', 'worst'],
+     "argument --checkpoint: invalid choice: 'worst'"),
+    (['evaluate', '--run', '{run}', '--batch-size', '0'],
+     '--batch-size must be a positive integer, got 0'),
+    (['evaluate', '--run', '{run}', '--devices', '3'],
+     r'--devices must be between 1 and the 1 available device\(s\) \(cpu\), got 3'),
+    (['evaluate', '--run', '{run}', '--data', '{empty}'],
+     r'--data applies only to runs of --task events; the run in .*checkpoint-best.npz is of '
+     r'--task moving-bars'),
+]
 
 
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp('cli') / 'run'
-    assert main(['train', *TINY, '--out', str(out)]) == 0
-    return out
-
-
-def error_line(capsys) -> str:
-    """The one error line of a refused command (after its usage line), with no traceback."""
-    err = capsys.readouterr().err
-    assert 'Traceback' not in err
-    usage, error = err.rstrip('\n').split('\n')
-    assert usage.startswith('usage: braintrace-conv') and error.startswith('braintrace-conv: ')
-    return error
+@pytest.mark.parametrize('argv, match', REFUSED)
+def test_a_refused_evaluation_is_one_line_and_changes_nothing(root, capsys, argv, match):
+    refused(root, capsys, argv, match)
 
 
 def test_evaluate_reports_the_saved_run(run, capsys):
@@ -46,8 +50,10 @@ def test_evaluate_reports_the_saved_run(run, capsys):
 def test_evaluate_checks_the_stored_options(run, tmp_path, capsys):
     arrays, meta = checkpoint.read(run / LAST_CHECKPOINT)
     for change, match in [
-            (dict(samples=-5), r'--run: the run options stored in .* are not valid: --samples '
-                               r'must be positive, got -5'),
+            (dict(samples=-5), r'--run: the data or model of the run in .* cannot be rebuilt: '
+                               r'--samples must be a positive integer, got -5'),
+            (dict(seed=-1), r'--run: the run options stored in .* are not valid: --seed must '
+                            r'lie in \[0, \d+\], got -1'),
             (dict(task='cifar'), r"not valid: argument --task: invalid choice: 'cifar'"),
             (dict(channels='x'), r'not valid: argument --channels: expected comma-separated')]:
         out = tmp_path / 'forged'
@@ -59,39 +65,6 @@ def test_evaluate_checks_the_stored_options(run, tmp_path, capsys):
         assert re.search(match, error), error
     # a batch larger than the test set is only as large as the test set
     assert main(['evaluate', '--run', str(run), '--batch-size', '1000000000']) == 0
-
-
-@pytest.fixture(scope='module')
-def root(tmp_path_factory):
-    """``run``: a finished run; ``corrupt``: its copy with one flipped byte; ``library``: a
-    checkpoint without command-line options; ``empty``: an empty directory; ``file``: a file."""
-    root = tmp_path_factory.mktemp('cli-bad')
-    assert main(['train', *TINY, '--out', str(root / 'run')]) == 0
-    good = (root / 'run' / LAST_CHECKPOINT).read_bytes()
-    (root / 'corrupt').mkdir()
-    bad = bytearray(good)
-    bad[len(bad) // 2] ^= 0xFF
-    (root / 'corrupt' / LAST_CHECKPOINT).write_bytes(bytes(bad))
-    (root / 'empty').mkdir()
-    (root / 'file').write_text('not a directory')
-    (root / 'pickle').mkdir()
-    (root / 'pickle' / LAST_CHECKPOINT).write_bytes(b'\x80\x04N.')
-    (root / 'dangling').symlink_to(root / 'nowhere')
-    shutil.copytree(root / 'run', root / 'linked', ignore=shutil.ignore_patterns('tensorboard'))
-    (root / 'outside').mkdir()
-    (root / 'linked' / 'tensorboard').symlink_to(root / 'outside')
-    return root
-
-
-def files_of(directory) -> dict:
-    """Every file's content digest (a link's target) under ``directory``, links unfollowed."""
-    def content(path):
-        if os.path.islink(path):
-            return 'link to ' + os.readlink(path)
-        return hashlib.sha256(open(path, 'rb').read()).hexdigest()
-    return {os.path.relpath(os.path.join(r, f), directory): content(os.path.join(r, f))
-            for r, dirs, names in os.walk(directory) for f in names + dirs
-            if os.path.islink(os.path.join(r, f)) or f in names}
 
 
 def test_a_library_run_is_not_evaluated_as_a_command_line_run(root, tmp_path, capsys):
@@ -112,48 +85,6 @@ def test_a_library_run_is_not_evaluated_as_a_command_line_run(root, tmp_path, ca
     assert 'was not written by "braintrace-conv train" (its run options lack task' in \
         capsys.readouterr().err
     assert files_of(tmp_path) == before
-
-
-EVENT_TINY = ['--epochs', '1', '--steps', '8', '--batch-size', '6', '--channels', '2,4', '--lr', '2e-2',
-        '--quiet']
-
-
-# tonic's formats: audio sensors (SHD) store t, x, p; DVS cameras x, y, t, p with a bool polarity
-AUDIO = np.dtype([('t', np.int64), ('x', np.int64), ('p', np.int64)])
-
-
-DVS = np.dtype([('x', np.int16), ('y', np.int16), ('t', np.int64), ('p', bool)])
-
-
-@pytest.fixture(scope='module')
-def recordings(tmp_path_factory):
-    """``audio/`` (32 channels) and ``dvs/`` (8 x 8 pixels, 2 polarities), each with classes
-    ``down`` (events in the lower half of x) and ``up`` (upper half), 12 files per class."""
-    root = tmp_path_factory.mktemp('recordings')
-    rng = np.random.default_rng(0)
-    for label, low in (('down', 0), ('up', 16)):
-        for sensor in ('audio', 'dvs'):
-            (root / sensor / label).mkdir(parents=True)
-        for i in range(12):
-            n = 300
-            audio = np.zeros(n, AUDIO)
-            audio['t'] = np.sort(rng.integers(0, 100_000, n))
-            audio['x'], audio['p'] = rng.integers(low, low + 16, n), 1
-            np.save(root / 'audio' / label / f'{i:03d}.npy', audio)
-            dvs = np.zeros(n, DVS)
-            dvs['t'] = np.sort(rng.integers(0, 100_000, n))
-            dvs['x'], dvs['y'] = rng.integers(low // 4, low // 4 + 4, n), rng.integers(0, 8, n)
-            dvs['p'] = rng.random(n) < 0.5
-            np.save(root / 'dvs' / label / f'{i:03d}.npy', dvs)
-    return root
-
-
-def one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    assert 'Traceback' not in captured.err
-    usage, error = captured.err.rstrip('\n').split('\n')
-    assert usage.startswith('usage: braintrace-conv')
-    return error
 
 
 STREAMED = ['train', '--task', 'events', '--sensor-size', '32,1,1', '--pool', '1', '--stream',
@@ -201,7 +132,7 @@ def test_evaluate_refuses_data_that_changed_since_the_run(streamed, capsys):
     assert re.search(r'--run: the test set rebuilt for the run in .* differs from the one it '
                      r'was evaluated on: 6 of its 6 files changed since \(size or modification '
                      r'time\): .* and 3 more; pass --allow-data-change to evaluate anyway',
-                     one_error_line(capsys))
+                     error_line(capsys))
     assert main(['evaluate', '--run', str(out), '--allow-data-change']) == 0
     captured = capsys.readouterr()
     assert 'evaluating anyway (--allow-data-change)' in captured.err
@@ -210,7 +141,7 @@ def test_evaluate_refuses_data_that_changed_since_the_run(streamed, capsys):
     assert main(['evaluate', '--run', str(out)]) == 2
     assert re.search(r'differs from the one it was evaluated on: other samples or labels \(6 '
                      r'samples then, \d+ samples now\); pass --allow-data-change',
-                     one_error_line(capsys))
+                     error_line(capsys))
     assert tree(out) == before
 
 
@@ -223,7 +154,7 @@ def test_changed_file_contents_are_named_on_resume_and_evaluate(streamed, capsys
     os.utime(train_files[0], ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     capsys.readouterr()
     assert main(['evaluate', '--run', str(out)]) == 2
-    assert one_error_line(capsys).endswith(
+    assert error_line(capsys).endswith(
         f'differs from the one it was evaluated on: 1 of its 6 files changed since (size or '
         f'modification time): {test_files[0]}; pass --allow-data-change to evaluate anyway')
     assert main([*STREAMED, '--epochs', '2', '--data', str(data), '--out', str(out),
@@ -232,7 +163,7 @@ def test_changed_file_contents_are_named_on_resume_and_evaluate(streamed, capsys
                      rf'\(eval_data: 1 of its 6 files changed since \(size or modification '
                      rf'time\): {test_files[0]}; train_data: 1 of its 18 files changed since '
                      rf'\(size or modification time\): {train_files[0]}\)',
-                     one_error_line(capsys))
+                     error_line(capsys))
     assert tree(out) == before
     assert main(['evaluate', '--run', str(out), '--allow-data-change']) == 0
     assert f'changed since (size or modification time): {test_files[0]}; evaluating anyway' in \
@@ -267,11 +198,10 @@ def test_runs_with_path_only_fingerprints_still_resume_and_evaluate(streamed, tm
                             f'fingerprint was written by an older version and covers the file '
                             f'paths only: changes to the files\' contents cannot be detected\n')
 
-    def stop(self, *args, **kwargs):    # resumed: stop before training
+    def stop(self, *args, **kwargs):    # resumed: stop at the first batch it reads
         raise KeyboardInterrupt
 
-    from braintrace_conv.training import _fit
-    monkeypatch.setattr(_fit, '_train_epoch', stop)
+    monkeypatch.setattr(StreamingEventDataset, 'batches', stop)
     assert main([*STREAMED, '--epochs', '2', '--data', str(data), '--out', str(out),
                  '--resume']) == 130
     err = capsys.readouterr().err
@@ -300,7 +230,7 @@ def test_evaluate_reads_only_the_data_directory_its_run_recorded(streamed, recor
     before = tree(forged)
     capsys.readouterr()
     assert main(['evaluate', '--run', str(forged)]) == 2
-    assert one_error_line(capsys) == (
+    assert error_line(capsys) == (
         f'braintrace-conv: error: --run: the data directory named in {forged / BEST_CHECKPOINT} '
         f'({elsewhere}) is not the one recorded in {forged / "metrics.json"} ({data}); evaluate '
         f'reads only the data directory its run recorded in both, or the one --data DIR names')
@@ -308,7 +238,7 @@ def test_evaluate_reads_only_the_data_directory_its_run_recorded(streamed, recor
     lone.mkdir()
     shutil.copy(run / BEST_CHECKPOINT, lone)
     assert main(['evaluate', '--run', str(lone / BEST_CHECKPOINT)]) == 2
-    assert f'is not the one recorded in {lone / "metrics.json"} (none)' in one_error_line(capsys)
+    assert f'is not the one recorded in {lone / "metrics.json"} (none)' in error_line(capsys)
     assert listed == [] and tree(forged) == before
     # --data names the directory: the run's, or a copy elsewhere with the same files and times
     copy = tmp_path / 'copy'
@@ -318,4 +248,4 @@ def test_evaluate_reads_only_the_data_directory_its_run_recorded(streamed, recor
         assert 'test accuracy 100.0%' in capsys.readouterr().out
     assert listed == [str(data), str(copy)]
     assert main(['evaluate', '--run', str(forged), '--data', str(tmp_path / 'absent')]) == 2
-    assert one_error_line(capsys).endswith(f'--data {tmp_path / "absent"} is not a directory')
+    assert error_line(capsys).endswith(f'--data {tmp_path / "absent"} is not a directory')

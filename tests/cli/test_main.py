@@ -1,17 +1,6 @@
 """``main``: exit codes, warnings as one line on stderr, --help and --version."""
-import pytest
 
 from braintrace_conv.cli import main
-
-TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
-        '--batch-size', '12', '--quiet']
-
-
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp('cli') / 'run'
-    assert main(['train', *TINY, '--out', str(out)]) == 0
-    return out
 
 
 def test_warnings_are_one_line_on_stderr(run, capsys, monkeypatch):

@@ -1,6 +1,5 @@
 """``braintrace-conv train``: tiny end-to-end runs, resume, overwrite, interruption and the run directory's lock."""
 import csv
-import hashlib
 import json
 import os
 import re
@@ -16,9 +15,37 @@ from braintrace_conv.cli import main
 from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, SCALAR_COLUMNS,
                                       SCALARS_NAME, Trainer, checkpoint, logs)
 
-TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
-        '--batch-size', '12', '--quiet']
+from cli_runs import AUDIO, EVENT_TINY, TINY, TRAIN, error_line, files_of, refused
 
+RUN_DIRECTORIES = [  # refused: nothing on disk is created or changed
+    ([*TRAIN, '--out', '{run}'], r'--out .*run already holds a run \(checkpoint-last.npz, '
+                                 r'checkpoint-best.npz, .*pass --resume to continue it or '
+                                 r'--overwrite to replace it'),
+    ([*TRAIN, '--out', '{run}', '--resume', '--overwrite'],
+     'argument --overwrite: not allowed with argument --resume'),
+    ([*TRAIN, '--out', '{empty}', '--resume'],
+     r'--resume: .*empty has no checkpoint \(checkpoint-last.npz\) to resume'),
+    ([*TRAIN, '--out', '{run}', '--resume', '--update-every', '2'],
+     r'--resume: the run in .* was trained with other options: --update-every unset \(now 2\); '
+     r'give the same options, or another --out'),
+    ([*TRAIN, '--out', '{run}', '--resume', '--channels', '4,8', '--task', 'digits'],
+     r'other options: --channels 2,4 \(now 4,8\), --task moving-bars \(now digits\)'),
+    ([*TRAIN, '--out', '{corrupt}', '--resume'], '--resume: .* is corrupt'),
+    ([*TRAIN, '--out', '{pickle}', '--resume'], '--resume: .* never unpickled'),
+    ([*TRAIN, '--out', '{file}'], '--out: .*file exists and is not a directory'),
+    ([*TRAIN, '--out', '{dangling}'],
+     '--out: .*dangling is a symbolic link to .*nowhere, which does not exist'),
+    ([*TRAIN, '--out', '{linked}', '--resume'],
+     r'--out: .*linked holds symbolic links among its run files \(tensorboard\); run files '
+     r'are never written through links'),
+    ([*TRAIN, '--out', '/proc/no-such-dir/run'],
+     '--out /proc/no-such-dir/run cannot be written: No such file or directory'),
+]
+
+
+@pytest.mark.parametrize('argv, match', RUN_DIRECTORIES)
+def test_a_refused_run_directory_is_one_line_and_changes_nothing(root, capsys, argv, match):
+    refused(root, capsys, argv, match)
 
 REQUIRED = {'test_accuracy', 'train_loss', 'algorithm', 'task', 'wall_time_s', 'peak_rss_mb',
             'run_config', 'skipped_updates'}
@@ -58,13 +85,6 @@ def test_delayed_bars_run_keeps_its_task_options(tmp_path, capsys):
     capsys.readouterr()
     assert main(['evaluate', '--run', str(tmp_path)]) == 0     # rebuilt from the stored options
     assert 'delayed-bars, 16 test samples' in capsys.readouterr().out
-
-
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp('cli') / 'run'
-    assert main(['train', *TINY, '--out', str(out)]) == 0
-    return out
 
 
 def test_resuming_a_finished_run_says_so_and_changes_nothing(run, capsys):
@@ -153,15 +173,6 @@ def test_default_run_reaches_target_accuracy(tmp_path, task, target):
     assert metrics['wall_time_s'] < 600
 
 
-def error_line(capsys) -> str:
-    """The one error line of a refused command (after its usage line), with no traceback."""
-    err = capsys.readouterr().err
-    assert 'Traceback' not in err
-    usage, error = err.rstrip('\n').split('\n')
-    assert usage.startswith('usage: braintrace-conv') and error.startswith('braintrace-conv: ')
-    return error
-
-
 def copy_of(run, out):
     shutil.copytree(run, out, ignore=shutil.ignore_patterns('tensorboard'))
     return out
@@ -239,7 +250,9 @@ def test_train_and_evaluate_with_a_sequence_loss(tmp_path, capsys):
     assert 'test loss' in capsys.readouterr().out
     assert main(['train', *TINY, '--loss', 'max-membrane', '--update-every', '2',
                  '--out', str(tmp_path / 'online')]) == 2
-    assert "loss 'max_membrane' is a loss of the whole sequence" in capsys.readouterr().err
+    assert ("--loss must be a per-step loss (every_step, final) with --update-every (2), got "
+            "'max_membrane'; a loss of the whole sequence needs the outputs of every step."
+            in capsys.readouterr().err)
 
 
 def test_train_with_the_rate_regulariser(tmp_path):
@@ -252,42 +265,6 @@ def test_train_with_the_rate_regulariser(tmp_path):
     assert set(metrics['history'][0]['spike_rates']) == {'blocks.0.neuron', 'blocks.1.neuron'}
     assert main(['train', *TINY, '--rate-target', '0.1', '0.1', '0.1',
                  '--out', str(tmp_path / 'bad')]) == 2
-
-
-@pytest.fixture(scope='module')
-def root(tmp_path_factory):
-    """``run``: a finished run; ``corrupt``: its copy with one flipped byte; ``library``: a
-    checkpoint without command-line options; ``empty``: an empty directory; ``file``: a file."""
-    root = tmp_path_factory.mktemp('cli-bad')
-    assert main(['train', *TINY, '--out', str(root / 'run')]) == 0
-    good = (root / 'run' / LAST_CHECKPOINT).read_bytes()
-    (root / 'corrupt').mkdir()
-    bad = bytearray(good)
-    bad[len(bad) // 2] ^= 0xFF
-    (root / 'corrupt' / LAST_CHECKPOINT).write_bytes(bytes(bad))
-    (root / 'empty').mkdir()
-    (root / 'file').write_text('not a directory')
-    (root / 'pickle').mkdir()
-    (root / 'pickle' / LAST_CHECKPOINT).write_bytes(b'\x80\x04N.')
-    (root / 'dangling').symlink_to(root / 'nowhere')
-    shutil.copytree(root / 'run', root / 'linked', ignore=shutil.ignore_patterns('tensorboard'))
-    (root / 'outside').mkdir()
-    (root / 'linked' / 'tensorboard').symlink_to(root / 'outside')
-    return root
-
-
-def files_of(directory) -> dict:
-    """Every file's content digest (a link's target) under ``directory``, links unfollowed."""
-    def content(path):
-        if os.path.islink(path):
-            return 'link to ' + os.readlink(path)
-        return hashlib.sha256(open(path, 'rb').read()).hexdigest()
-    return {os.path.relpath(os.path.join(r, f), directory): content(os.path.join(r, f))
-            for r, dirs, names in os.walk(directory) for f in names + dirs
-            if os.path.islink(os.path.join(r, f)) or f in names}
-
-
-TRAIN = ['train', *TINY]
 
 
 def test_an_overwrite_that_cannot_move_a_run_file_changes_nothing(root, tmp_path, capsys,
@@ -312,52 +289,10 @@ def test_an_overwrite_that_cannot_move_a_run_file_changes_nothing(root, tmp_path
     assert files_of(out) == before and sorted(os.listdir(out)) == names
 
 
-EVENT_TINY = ['--epochs', '1', '--steps', '8', '--batch-size', '6', '--channels', '2,4', '--lr', '2e-2',
-        '--quiet']
-
-
-# tonic's formats: audio sensors (SHD) store t, x, p; DVS cameras x, y, t, p with a bool polarity
-AUDIO = np.dtype([('t', np.int64), ('x', np.int64), ('p', np.int64)])
-
-
-DVS = np.dtype([('x', np.int16), ('y', np.int16), ('t', np.int64), ('p', bool)])
-
-
-@pytest.fixture(scope='module')
-def recordings(tmp_path_factory):
-    """``audio/`` (32 channels) and ``dvs/`` (8 x 8 pixels, 2 polarities), each with classes
-    ``down`` (events in the lower half of x) and ``up`` (upper half), 12 files per class."""
-    root = tmp_path_factory.mktemp('recordings')
-    rng = np.random.default_rng(0)
-    for label, low in (('down', 0), ('up', 16)):
-        for sensor in ('audio', 'dvs'):
-            (root / sensor / label).mkdir(parents=True)
-        for i in range(12):
-            n = 300
-            audio = np.zeros(n, AUDIO)
-            audio['t'] = np.sort(rng.integers(0, 100_000, n))
-            audio['x'], audio['p'] = rng.integers(low, low + 16, n), 1
-            np.save(root / 'audio' / label / f'{i:03d}.npy', audio)
-            dvs = np.zeros(n, DVS)
-            dvs['t'] = np.sort(rng.integers(0, 100_000, n))
-            dvs['x'], dvs['y'] = rng.integers(low // 4, low // 4 + 4, n), rng.integers(0, 8, n)
-            dvs['p'] = rng.random(n) < 0.5
-            np.save(root / 'dvs' / label / f'{i:03d}.npy', dvs)
-    return root
-
-
 def copied(recordings, tmp_path, sensor='audio'):
     data = tmp_path / 'data'
     shutil.copytree(recordings / sensor, data)
     return data
-
-
-def one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    assert 'Traceback' not in captured.err
-    usage, error = captured.err.rstrip('\n').split('\n')
-    assert usage.startswith('usage: braintrace-conv')
-    return error
 
 
 def test_resume_needs_the_same_event_options(recordings, tmp_path, capsys):
@@ -388,7 +323,7 @@ def test_a_bad_streamed_file_is_one_line_and_leaves_no_run(recordings, tmp_path,
     out = tmp_path / 'run'
     assert main(['train', '--task', 'events', '--data', str(data), '--sensor-size', '32,1,1',
                  '--stream', *EVENT_TINY, '--batch-size', '18', '--out', str(out)]) == 2
-    error = one_error_line(capsys)
+    error = error_line(capsys)
     assert str(bad) in error and re.search(match, error), error
     assert not out.exists()      # nothing to --overwrite before the rerun
 
