@@ -80,7 +80,8 @@ class Option:
     Attributes:
       name: The option's attribute name; its flag is ``--`` and the name with dashes.
       help: Its help; ``{default}`` is replaced by the default.
-      type: Converts the text of a value (argparse's ``type``); ``None`` for a flag.
+      type: Converts the text of a value (argparse's ``type``); ``None`` keeps the text.
+      flag: Whether the option takes no value: given, it is ``True``.
       choices, nargs, metavar: As for argparse.
       default: The value when the option is not given.
       task_defaults: ``{task: value}`` overriding ``default`` for those tasks.
@@ -98,7 +99,8 @@ class Option:
     """
     name: str
     help: str = ''
-    type: Optional[Callable] = str
+    type: Optional[Callable] = None
+    flag: bool = False
     choices: Optional[tuple] = None
     nargs: Union[int, str, None] = None
     metavar: Union[str, tuple, None] = None
@@ -191,7 +193,7 @@ TRAIN_OPTIONS = (
            aliases=('time_window_us',),
            help="events: time bins of W microseconds from each recording's first event, "
                 "--steps of them (default: --steps equal bins spanning each recording)"),
-    Option('stream', type=None, default=False, requires=(_EVENTS,),
+    Option('stream', flag=True, default=False, requires=(_EVENTS,),
            help='events: read and bin files per batch instead of loading them all'),
     Option('cache_size', type=int, metavar='N', default=DEFAULT_CACHE_SIZE, stored='never',
            requires=(_EVENTS, Requires('stream')),
@@ -286,14 +288,14 @@ TRAIN_OPTIONS = (
     Option('nonfinite', choices=NONFINITE, default='skip',
            help='an update with a non-finite gradient is never applied: skip it (counted, '
                 'warned) or stop the run'),
-    Option('log_every', type=int, default=1, stored='never',
+    Option('log_every', type=int, metavar='BATCHES', default=1, stored='never',
            help='batches between rows of scalars.csv (and TensorBoard)'),
-    Option('resume', type=None, default=False, stored='never', group='existing',
+    Option('resume', flag=True, default=False, stored='never', group='existing',
            help='continue the run in OUT from its last checkpoint (the run options must be '
                 'those of the run; a larger --epochs extends a finished run)'),
-    Option('overwrite', type=None, default=False, stored='never', group='existing',
+    Option('overwrite', flag=True, default=False, stored='never', group='existing',
            help='replace the run in OUT (otherwise a run there is an error)'),
-    Option('quiet', type=None, default=False, stored='never',
+    Option('quiet', flag=True, default=False, stored='never',
            help='no progress bar or epoch lines'),
 )
 
@@ -310,7 +312,7 @@ EVALUATE_OPTIONS = (
            help='runs of --task events: the directory to rebuild the test set from, e.g. a '
                 'moved or copied data set (default: the one the run recorded, if its '
                 'checkpoint and its metrics.json agree; no other directory is read)'),
-    Option('allow_data_change', type=None, default=False, stored='never',
+    Option('allow_data_change', flag=True, default=False, stored='never',
            help='evaluate even if the test data differ from those the run was evaluated on '
                 '(by default an error)'),
 )

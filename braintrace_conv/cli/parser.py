@@ -68,10 +68,10 @@ def _add(parser: argparse.ArgumentParser, options: tuple) -> None:
 def _argument(option: Option) -> dict:
     """The keyword arguments of ``add_argument`` for ``option``."""
     help_text = option.help.format(default=option.default) if option.help else None
-    if option.type is None:
+    if option.flag:
         return dict(action='store_true', help=help_text)
-    keywords = dict(type=option.type, help=help_text, required=option.required)
-    for key in ('choices', 'nargs', 'metavar'):
+    keywords = dict(help=help_text, required=option.required)
+    for key in ('type', 'choices', 'nargs', 'metavar'):
         if getattr(option, key) is not None:
             keywords[key] = getattr(option, key)
     return keywords
