@@ -1,4 +1,5 @@
-"""``braintrace-conv evaluate``: a saved run rebuilt from its stored options, on the data it was evaluated on."""
+"""``braintrace-conv evaluate``: a saved run rebuilt from its stored options, on the data it
+was evaluated on."""
 import json
 import os
 import re

@@ -44,7 +44,8 @@ ARGUMENTS = [  # the rules of the command line itself
                                                 'delayed-bars or digits'),
     (['train', '--delay', '4'], '--delay applies only to --task delayed-bars'),
     (['train', '--cues', '2'], '--cues applies only to --task delayed-bars'),
-    (['train', '--task', 'delayed-bars', '--cues', '0'], '--cues must be a positive integer, got 0'),
+    (['train', '--task', 'delayed-bars', '--cues', '0'],
+     '--cues must be a positive integer, got 0'),
     (['train', '--task', 'delayed-bars', '--steps', '30', '--cues', '4'],
      r'--steps \(30\) must be a multiple of --cues \(4\), one trial each'),
     (['train', '--task', 'delayed-bars', '--steps', '40', '--delay', '9'],
@@ -103,7 +104,8 @@ def test_user_error_is_one_line_and_changes_nothing(root, capsys, argv, match):
 
 EVENT_CASES = [
     ([], '--task events needs --data DIR and --sensor-size X,Y,P'),
-    (['--data', '{root}/absent', '--sensor-size', '32,1,1'], r'--data .*absent is not a directory'),
+    (['--data', '{root}/absent', '--sensor-size', '32,1,1'],
+     r'--data .*absent is not a directory'),
     (['--data', '{root}/audio', '--sensor-size', '32,x'],
      r"argument --sensor-size: expected the sensor size in tonic's order, 2 to 4 "
      r"comma-separated positive ints"),

@@ -1,4 +1,5 @@
-"""``braintrace-conv train``: tiny end-to-end runs, resume, overwrite, interruption and the run directory's lock."""
+"""``braintrace-conv train``: tiny end-to-end runs, resume, overwrite, interruption and the run
+directory's lock."""
 import csv
 import json
 import os
@@ -334,8 +335,9 @@ SIX_EPOCHS = ['train', '--samples', '48', '--size', '8', '--steps', '6', '--chan
 
 
 def run_cli(out, *extra):
-    return subprocess.Popen([sys.executable, '-m', 'braintrace_conv.cli', *SIX_EPOCHS, '--out', str(out),
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, '-m', 'braintrace_conv.cli', *SIX_EPOCHS, '--out',
+                             str(out), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def scalars(out):

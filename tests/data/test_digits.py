@@ -44,7 +44,8 @@ class TestDigitsSaccades:
         [
             (dict(digit_size=7), r"digit_size must lie in \[8, 16\]"),
             (dict(digit_size=20), r"digit_size must lie in \[8, 16\]"),
-            (dict(n_samples=5000), r"n_samples must be at most the number of digits \(1797\), got 5000"),
+            (dict(n_samples=5000),
+             r"n_samples must be at most the number of digits \(1797\), got 5000"),
             (dict(background=1.0), r"background must lie in \(0, 1\)"),
             (dict(jitter=-1.0), "jitter must be a non-negative number"),
         ],

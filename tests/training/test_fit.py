@@ -19,9 +19,10 @@ from braintrace_conv import nn as bnn
 from braintrace_conv.data import EventDataset, moving_bars
 from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, METRICS_NAME,
                                       SCALAR_COLUMNS, SCALARS_NAME, ConfigMismatchError, Trainer,
-                                      checkpoint)
+                                      checkpoint, run_dir)
+from braintrace_conv.training._fit import hold
 
-from trainers import SIZE, K, T, events_with, model, params_of, refused, trainer
+from trainers import SIZE, K, T, events_with, files_of, model, params_of, refused, trainer
 
 
 # ----------------------------------------------------------------------------- fit arguments
@@ -307,3 +308,23 @@ def test_each_epoch_prints_a_line_naming_spike_rates_only_when_there_are_some(da
     line = capsys.readouterr().out
     assert re.fullmatch(r'epoch 1/1: train loss \d\.\d{4}, train acc \d+\.\d%, test acc \d+\.\d%'
                         + rates + r' \(\d+\.\d s\)\n', line), line
+
+
+def test_hold_checks_locks_and_creates_a_run_directory_but_replaces_nothing(run, tmp_path):
+    new = tmp_path / 'new'
+    with hold(new, resume=False, overwrite=False) as held:
+        assert held == new and new.is_dir() and (new / run_dir.LOCK_NAME).exists()
+        with hold(new, resume=False, overwrite=False):      # re-entrant: fit inside a caller
+            pass
+    assert os.listdir(new) == []
+    copy = tmp_path / 'copy'
+    shutil.copytree(run[0], copy)
+    before = files_of(copy)
+    with hold(copy, resume=False, overwrite=True):
+        # the lock is taken, the run left for fit to replace once it checked its arguments
+        assert set(files_of(copy)) - set(before) == {run_dir.LOCK_NAME}
+    with pytest.raises(run_dir.RunExistsError):
+        with hold(copy, resume=False, overwrite=False):
+            pass
+    assert files_of(copy) == before
+

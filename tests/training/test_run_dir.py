@@ -1,4 +1,5 @@
-"""Run directories: replaced all or nothing, and the lock without fcntl."""
+"""Run directories: what a run may be written to, replaced all or nothing, what a killed run
+left behind, which checkpoint is read, and the lock (with and without fcntl)."""
 import os
 import shutil
 import socket
@@ -85,3 +86,47 @@ def test_without_fcntl_the_lock_is_a_file_holding_pid_and_host(tmp_path, monkeyp
     with run_dir.locked(out):
         assert (out / '.lock').read_text().split()[0] == str(os.getpid())
     assert os.listdir(out) == []
+
+
+def test_check_says_why_a_run_may_not_be_written_and_changes_nothing(evaluated_run, tmp_path):
+    out = evaluated_run[0]
+    before = tree(out)
+    with pytest.raises(run_dir.RunExistsError, match='already holds a run') as error:
+        run_dir.check(out, resume=False, overwrite=False)
+    assert isinstance(error.value, FileExistsError)
+    with pytest.raises(run_dir.NothingToResumeError, match='nothing to resume') as error:
+        run_dir.check(tmp_path, resume=True, overwrite=False)
+    assert isinstance(error.value, FileNotFoundError)
+    with pytest.raises(ValueError, match='resume and overwrite exclude each other'):
+        run_dir.check(out, resume=True, overwrite=True)
+    with pytest.raises(ValueError, match='the run directory is an empty path'):
+        run_dir.check(' ', resume=False, overwrite=False)
+    assert run_dir.check(out, resume=True, overwrite=False) == out
+    assert run_dir.check(tmp_path / 'new', resume=False, overwrite=False) == tmp_path / 'new'
+    assert tree(out) == before and not (tmp_path / 'new').exists()
+
+
+def test_checkpoint_file_and_lagging_files(evaluated_run, tmp_path):
+    out, tr = evaluated_run
+    best = run_dir.BEST_CHECKPOINT
+    assert run_dir.checkpoint_file(out) == out / best
+    assert run_dir.checkpoint_file(out, 'last') == out / run_dir.LAST_CHECKPOINT
+    assert run_dir.checkpoint_file(out / best) == out / best
+    with pytest.raises(ValueError, match=r"which must be one of \('best', 'last'\)"):
+        run_dir.checkpoint_file(out, 'worst')
+    with pytest.raises(FileNotFoundError, match='holds no checkpoint'):
+        run_dir.checkpoint_file(tmp_path)
+    assert run_dir.lagging(out, tr.epoch, tr.best) == []
+    assert run_dir.lagging(tmp_path, 2, None) == [run_dir.METRICS_NAME, run_dir.CURVE_NAME]
+    assert run_dir.run_files(out)[:2] == [run_dir.LAST_CHECKPOINT, best]
+
+
+def test_the_lock_is_reentrant_within_a_process(tmp_path):
+    out = tmp_path / 'run'
+    with run_dir.locked(out) as held:
+        assert held == out and run_dir.lock_holder(out) is None     # held by this process
+        with run_dir.locked(out):
+            pass
+        assert (out / run_dir.LOCK_NAME).exists()
+    assert os.listdir(out) == []                                    # released
+

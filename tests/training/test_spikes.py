@@ -9,6 +9,8 @@ import braintrace_conv as bc
 from braintrace_conv import nn
 from braintrace_conv.data import EventDataset
 from braintrace_conv.training import Trainer
+from braintrace_conv.training.spikes import (fraction_spiking, spike_method, spike_rate_observer,
+                                             spiking_layers, split_output)
 
 pytestmark = pytest.mark.usefixtures('float64')
 
@@ -88,3 +90,25 @@ def test_spike_rates_of_returned_spikes_and_of_get_spike(capsys):
         trainer, rates, expected = _rates_of(model, data)
     assert list(trainer.spiking_layers) == ['neu'] and 0 < expected < 1
     assert rates['neu'] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_model_output_is_scores_or_scores_and_spikes():
+    scores, spikes = jnp.ones((2, 3)), {'layer': jnp.zeros((2, 4))}
+    assert split_output(scores) == (scores, {})
+    assert split_output((scores, spikes)) == (scores, spikes)
+    pair = (scores, scores)              # a pair without a dict of spikes is one output
+    assert split_output(pair) == (pair, {})
+
+
+def test_the_spiking_layers_of_a_model_and_their_rates():
+    net = Net()
+    assert list(spiking_layers(net)) == ['lif']
+    assert spike_method(net.lif) == net.lif.spike and spike_method(net.conv) is None
+    assert spike_method(object()) is None
+    brainstate.nn.init_all_states(net, 2)
+    net(jnp.ones((2, 2, 5, 5)) * 50.0)        # a drive large enough to make every neuron spike
+    rates = spike_rate_observer([net.lif])(net)
+    assert len(rates) == 1 and rates[0].shape == (2,)
+    spikes = (np.arange(3 * 2 * 4) % 4 == 0).astype(float).reshape(3, 2, 4)
+    np.testing.assert_allclose(fraction_spiking(spikes), np.full((3, 2), 0.25))
+

@@ -1,6 +1,8 @@
 """Saving and restoring a Trainer: round trips (bitwise, bfloat16 too), loading parameters for
 inference, and a restore that checks everything before it changes anything."""
 
+import json
+
 import brainstate
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ import braintrace_conv as bc
 from braintrace_conv.data import moving_bars
 from braintrace_conv.training import (LAST_CHECKPOINT, CheckpointError, ConfigMismatchError,
                                       Trainer, checkpoint)
+from braintrace_conv.training.state import run_differences, snapshot
 
 from trainers import SIZE, assert_same, model, refused, state_of, trainer
 
@@ -92,3 +95,27 @@ def test_load_params_for_inference_needs_no_optimizer(evaluated_run, bars):
     final = tr.evaluate(bars[1], 12)
     assert inference.evaluate(bars[1], 12) == final
     assert final['accuracy'] == tr.history[-1]['test_accuracy']
+
+
+def test_a_larger_epochs_is_the_only_difference_a_resumed_run_may_have():
+    stored = dict(epochs=2, lr=0.1)
+    assert run_differences(stored, dict(epochs=3, lr=0.1), 3) == {}
+    assert run_differences(stored, dict(epochs=2, lr=0.1), 2) == {}
+    assert run_differences(stored, dict(epochs=1, lr=0.1), 1) == {'epochs': (2, 1)}
+    # the given epochs is not the run's length: compared as any option
+    assert run_differences(stored, dict(epochs=3, lr=0.1), 5) == {'epochs': (2, 3)}
+    assert run_differences(stored, dict(epochs=3, lr=0.2), 3) == {'lr': (0.1, 0.2)}
+    assert run_differences(dict(channels=[2, 4]), dict(channels=(2, 4)), 1) == {}
+
+
+def test_a_snapshot_is_what_a_checkpoint_holds(run, tmp_path):
+    _, tr = run
+    arrays, meta = snapshot(tr)
+    assert {name.split('/')[0] for name in arrays} == {'param', 'opt', 'rng'}
+    assert (meta['epoch'], meta['step'], meta['trainer']) == (1, tr.updates, tr.config())
+    tr.save_checkpoint(tmp_path / 'c.npz')
+    saved_arrays, saved_meta = checkpoint.read(tmp_path / 'c.npz')
+    assert saved_arrays.keys() == arrays.keys()
+    assert {k: v for k, v in saved_meta.items() if k != 'format'} == \
+        json.loads(json.dumps(meta))
+

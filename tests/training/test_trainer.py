@@ -3,6 +3,7 @@ each of them refuses, leaving the trainer as it was."""
 import json
 
 import brainstate
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -247,3 +248,29 @@ def test_bfloat16_inputs_are_accepted():
     loss_bf16, _ = tr.value_and_grad(xs.astype(ml_dtypes.bfloat16), labels)
     loss_f64, _ = tr.value_and_grad(xs.astype(np.float64), labels)
     assert loss_bf16 == loss_f64      # 0/1 events are exact in bfloat16
+
+
+def test_checks_leave_the_model_and_the_random_key_as_they_were(data):
+    tr = trainer()
+    brainstate.nn.init_all_states(tr.model, 3)
+    hidden = {key: (st, np.array(st.value)) for key, st in
+              tr.model.states(brainstate.HiddenState).items()}
+    key = np.array(jax.random.key_data(brainstate.random.get_key()))
+    tr.check_fit(data[0], epochs=1, batch_size=8, eval_dataset=data[1])
+    assert np.array_equal(key, jax.random.key_data(brainstate.random.get_key()))
+    now = tr.model.states(brainstate.HiddenState)
+    assert now.keys() == hidden.keys()
+    for name, (state, value) in hidden.items():
+        assert now[name] is state and np.array_equal(state.value, value), name   # batch of 3
+
+
+def test_params_and_the_deprecated_step():
+    tr = trainer()
+    params = tr.params()
+    assert set(params) == {'blocks.0.ff.weight', 'blocks.0.ff.bias',
+                           'blocks.1.ff.weight', 'blocks.1.ff.bias', 'blocks.1.rec.weight',
+                           'fc.weight', 'fc.bias'}
+    assert all(isinstance(v, np.ndarray) for v in params.values())
+    with pytest.warns(DeprecationWarning, match='Trainer.step is Trainer.updates'):
+        assert tr.step == tr.updates == 0
+
