@@ -211,7 +211,8 @@ TRAIN_OPTIONS = (
            help='sequences per optimiser update (default {default})'),
     Option('seed', type=int, default=0, check=_seed,
            help='seeds the data, the initial weights and the shuffling'),
-    Option('out', type=path, stored='never', help='run directory (default runs/<task>-<algorithm>)'),
+    Option('out', type=path, stored='never',
+           help='run directory (default runs/<task>-<algorithm>)'),
     Option('lr', type=float, default=5e-3, task_defaults={'delayed-bars': 2e-3},
            check=_positive_number,
            help='peak Adam learning rate (cosine decay to 10%% of it; default {default:g}, task '
