@@ -72,7 +72,10 @@ from jax.interpreters import ad, batching, mlir
 __all__ = ['ETPPrimitive', 'register_primitive', 'derived_transpose', 'STANDARD_RULES',
            'DRTRL_RULES', 'ES_DRTRL_RULES', 'weight_vjp', 'apply_state_jacobian']
 
-#: Rules every ETP primitive is expected to provide (``docs/theory.md``, "rule contract").
+#: Four rules of the rule contract (``docs/theory.md``), a name for code that lists them.
+#: Nothing checks a primitive against it: an executor checks, when it analyses a model, that
+#: each op has the rules that executor calls (:data:`DRTRL_RULES`, :data:`ES_DRTRL_RULES`),
+#: so a primitive needs only those of the executors it is trained with.
 STANDARD_RULES = ('yw_to_w', 'xy_to_dw', 'init_drtrl', 'init_pp')
 #: Rules the D-RTRL executor calls.
 DRTRL_RULES = ('yw_to_w', 'xy_to_dw', 'init_drtrl', 'xdf_to_trace', 'trace_to_dw')

@@ -57,6 +57,7 @@ apimodule_order = [
     'braintrace_conv.plot',
     'braintrace_conv.sharding',
     'braintrace_conv.cli',
+    'braintrace_conv.cli.options',
     'braintrace_conv.nir',
     'braintrace_conv.nir.modules',
 ]

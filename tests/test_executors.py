@@ -8,11 +8,13 @@ import brainstate
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax import lax
 
 import braintrace_conv as bc
 from braintrace_conv.conv import etp_conv_p
+from braintrace_conv.models import recurrent_conv_snn
 from braintrace_conv.primitive import register_primitive
 from snn_reference import EXACT, cosine, rel_err, spike, xent
 
@@ -748,3 +750,32 @@ def test_online_executors_on_the_library_models(make):
     if make == 'alif':     # the last hidden layer's own parameters
         for k in [k for k in ref if k[0] == 'c2']:
             assert rel_err(grads[k], ref[k]) < EXACT, k
+
+
+# ----------------------------------------------------------------------------- executor misuse
+MISUSE_SIZE = (8, 8)
+
+
+def _label_loss(output, label):
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(output, label))
+
+
+@pytest.mark.parametrize('call, error, match', [
+    (lambda l, xs, ys: l.advance(_label_loss, xs, ys), RuntimeError,
+     r'advance\(\) continues an online run: call reset\(batch_size\) first'),
+    (lambda l, xs, ys: (l.reset(2), l.advance(_label_loss, xs[:, :1], ys[:, :1])), ValueError,
+     r'advance\(\) got xs with batch size 1, but the run was started for 2 sequences; call '
+     r'reset\(1\)'),
+    (lambda l, xs, ys: l.value_and_grad(_label_loss, xs, np.zeros((3, 3), np.int32)),
+     ValueError, r"loss_fn\(output_t, target_t\) fails for one step's model output \(\(2, 8\), "
+                 r"'float64'\) and target \(\(3,\), 'int32'\)"),
+    (lambda l, xs, ys: l.reset(1.5), ValueError, r'reset\(batch_size\) takes a positive int'),
+])
+def test_executor_misuse_gets_a_sentence(call, error, match):
+    brainstate.random.seed(0)
+    m = recurrent_conv_snn((2,) + MISUSE_SIZE, 8, channels=(2, 4))
+    learner = bc.ES_D_RTRL(m, m.membrane_decay())
+    xs = (np.random.default_rng(0).random((3, 2, 2) + MISUSE_SIZE) < 0.3).astype(np.float64)
+    ys = np.zeros((3, 2), np.int32)
+    with pytest.raises(error, match=match):
+        call(learner, xs, ys)

@@ -51,3 +51,11 @@ def test_the_old_register_lift_path_warns_and_still_works():
     assert register_lift is extend.register_lift
     with pytest.raises(ImportError):
         from braintrace_conv.lift import no_such_name  # noqa: F401
+
+
+def test_subpackages_are_attributes_of_the_package():
+    import subprocess
+    import sys
+    code = 'import braintrace_conv as bc; print(bc.nn.LIF.__name__, bc.data.encoders.__name__)'
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ['LIF', 'braintrace_conv.data.encoders']

@@ -44,7 +44,7 @@ def test_event_frames_titles_carry_the_time_unit():
     (np.zeros((5, 4, 4)), {}, 'events must have 4 dimensions'),
     (np.zeros((5, 2, 4, 4)), dict(steps=[5]), r'steps .* \[0, 5\)'),
     (np.zeros((5, 2, 4, 4)), dict(ncols=0), 'ncols must be a positive int'),
-    (np.zeros((5, 2, 4, 4)), dict(dt=-1.0), 'dt must be a positive float'),
+    (np.zeros((5, 2, 4, 4)), dict(dt=-1.0), 'dt must be a positive number'),
 ])
 def test_event_frames_rejects_bad_input(events, kwargs, match):
     with pytest.raises(ValueError, match=match):

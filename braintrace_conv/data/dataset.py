@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .._validation import index_array, integer, label_array, number, per_class_names, string
+from .._validation import index_array, integer, interval, label_array, per_class_names, string
 from ._arrays import read_only
 
 __all__ = ["EventDataset", "FrameDataset"]
@@ -98,9 +98,7 @@ class FrameDataset(abc.ABC):
           ValueError: If ``test_fraction`` is outside ``(0, 1)`` or either part would
             be empty.
         """
-        test_fraction = number("test_fraction", test_fraction)
-        if not 0.0 < test_fraction < 1.0:
-            raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
+        test_fraction = interval("test_fraction", test_fraction, 0.0, 1.0, "()")
         rng = np.random.default_rng(seed)
         is_test = np.zeros(len(self), dtype=bool)
         for label in range(self.num_classes):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import height_width, integer, number
+from .._validation import at_most, height_width, integer, number
 from .dataset import EventDataset
 from .moving_bars import dvs_events
 
@@ -159,9 +159,8 @@ def digits_saccades(
     threshold = number("threshold", threshold, sign="positive")
     if n_samples is None:
         n_samples = _N_DIGITS
-    n_samples = integer("n_samples", n_samples, sign="positive")
-    if n_samples > _N_DIGITS:
-        raise ValueError(f"n_samples must be at most {_N_DIGITS}, got {n_samples}")
+    n_samples = at_most("n_samples", integer("n_samples", n_samples, sign="positive"), _N_DIGITS,
+                        "digits", names={"digits": "the number of digits"})
 
     images, targets = _load_digits()
     rng = np.random.default_rng(seed)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._validation import ArgumentError, boolean, finite, floating_dtype, integer, optional
 from . import _scan
 from ._analysis.graph import StepGraph, analyse
 from ._analysis.signals import StepSignals, init_release, jacobian_reads_only_state
@@ -79,13 +80,7 @@ def _signature(step_inputs, model):
 
 
 def _window_value(window):
-    if window is None:
-        return None
-    if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)) \
-            or window < 1:
-        raise ValueError(f'window must be None (eligibility traces only) or a positive integer '
-                         f'number of time steps, got {window!r}.')
-    return int(window)
+    return optional(integer, 'window', window, sign='positive', means='eligibility traces only')
 
 
 #: Compiled programs a learner keeps (least recently used dropped first).
@@ -129,26 +124,24 @@ def _all_finite(leaves):
 
 
 def _check_finite(name: str, tree) -> None:
-    """Refuse a NaN or an infinity among the floating-point leaves of ``tree`` (``(T, ...)``),
-    naming the first time step that holds one: the gradients would not be finite, and
-    nothing else would say why. One pass over the data, in one compiled reduction."""
+    """Refuse a NaN or an infinity among the floating-point leaves of ``tree`` (``(T, B,
+    ...)``), naming the first one: the gradients would not be finite, and nothing else
+    would say why. One pass over the data (:func:`_all_finite`)."""
     floating = lambda a: jnp.issubdtype(jnp.result_type(a), jnp.inexact)
     leaves = [a for a in jax.tree.leaves(tree)
               if floating(a) and not isinstance(a, jax.core.Tracer)]
-    if not leaves or bool(_all_finite(leaves)):
+    if not leaves or _all_finite(leaves):
         return
-    found = []                                   # (first bad step, leaf path) per leaf
     for path, a in jax.tree_util.tree_flatten_with_path(tree)[0]:
         if floating(a):
-            a = np.asarray(a)
-            bad_steps = np.flatnonzero(~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1))
-            if bad_steps.size:
-                found.append((int(bad_steps[0]), jax.tree_util.keystr(path), a.shape[0]))
-    step, where, T = min(found)
-    raise ValueError(f'{name}{where} holds a non-finite value (NaN or infinity) at time step '
-                     f'{step} of {T}: the gradients of this call would not be finite. Clean '
-                     f'the data, or construct the learner with check_finite=False to skip this '
-                     f'check.')
+            axes = ('t', 'b')[:np.ndim(a)] + tuple(f'axis {i}' for i in range(2, np.ndim(a)))
+            try:
+                finite(name + jax.tree_util.keystr(path), a, axes)
+            except ArgumentError as err:
+                raise ArgumentError(err.name, a, err.expected, fix='the gradients of this call '
+                                    'would not be finite; clean the data, or construct the '
+                                    'learner with check_finite=False to skip this check',
+                                    shown=err.shown) from None
 
 
 def _restored_carry(template, leaves):
@@ -181,10 +174,8 @@ class Learner(abc.ABC):
     def __init__(self, model: brainstate.nn.Module, *, check_finite: bool = True):
         if not isinstance(model, brainstate.nn.Module):
             raise TypeError(f'model must be a brainstate.nn.Module, got {type(model).__name__}.')
-        if not isinstance(check_finite, (bool, np.bool_)):
-            raise TypeError(f'check_finite must be True or False, got {check_finite!r}.')
         self.model = model
-        self.check_finite = bool(check_finite)
+        self.check_finite = boolean('check_finite', check_finite)
         self._steps: dict = {}      # input signature -> (step, what _prepare made of it)
         self._compiled = collections.OrderedDict()   # at most MAX_COMPILED programs
         self._warned_recompile = False
@@ -509,17 +500,8 @@ class OnlineLearner(Learner):
     def __init__(self, model: brainstate.nn.Module, *, trace_dtype=None, window=None,
                  check_finite: bool = True):
         super().__init__(model, check_finite=check_finite)
-        if trace_dtype is not None:
-            try:
-                dtype = jnp.dtype(trace_dtype)
-            except TypeError:
-                dtype = None
-            if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-                raise ValueError(f'trace_dtype must be None (the model\'s dtype) or a '
-                                 f'floating-point dtype such as jnp.float32, got '
-                                 f'{trace_dtype!r}.')
-            trace_dtype = dtype
-        self.trace_dtype = trace_dtype
+        self.trace_dtype = optional(floating_dtype, 'trace_dtype', trace_dtype,
+                                    means="the model's dtype")
         self.window = _window_value(window)
         self._early: dict = {}      # graph id -> state Jacobian evaluated a step early
 

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._validation import interval, optional
 from ..primitive import ES_DRTRL_RULES, apply_state_jacobian
 from .base import OnlineLearner
 from .report import ES_OUTPUT_TRACE, es_factorised_trace
@@ -40,17 +41,8 @@ __all__ = ['ES_D_RTRL']
 
 
 def _decay_value(decay):
-    if decay is None:
-        return None
-    if isinstance(decay, (bool, np.bool_)) or np.ndim(decay) != 0 \
-            or not np.issubdtype(np.asarray(decay).dtype, np.number) \
-            or np.iscomplexobj(decay):
-        raise ValueError(f'decay must be None (inferred from the model) or a real number in '
-                         f'(0, 1] (e.g. exp(-dt/tau)), got {decay!r}.')
-    value = float(decay)
-    if not 0 < value <= 1:
-        raise ValueError(f'decay must be in (0, 1] (e.g. exp(-dt/tau)), got {value!r}.')
-    return value
+    return optional(interval, 'decay', decay, 0.0, 1.0, '(]', means='inferred from the model',
+                    fix="a membrane's decay per step is exp(-dt/tau)")
 
 
 class ES_D_RTRL(OnlineLearner):

@@ -48,7 +48,8 @@ import numpy as np
 import saiunit as u
 from jax import lax
 
-from .._validation import positive, positive_ints
+from .._validation import (ArgumentError, WrongTypeError, integer, one_of, positive,
+                           positive_ints)
 from ..conv import conv
 from ..conv_args import dilated_extent, normalise_padding
 from ..dense import dense
@@ -86,9 +87,7 @@ class FanInNormal:
     """
 
     def __init__(self, scale: float, unit: Optional[u.Unit] = None):
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-            raise ValueError(f'scale must be a positive number, got {scale!r}.')
-        self.scale = float(scale)
+        self.scale = positive('scale', scale, float)
         self.unit = unit
 
     def __call__(self, shape: Sequence[int]):
@@ -110,9 +109,7 @@ DEFAULT_W_INIT = FanInNormal(4.0)
 # --------------------------------------------------------------------------- argument checks
 def checked_layout(value) -> str:
     """``value`` if it is one of the two layouts (module docstring); raises otherwise."""
-    if value not in _LAYOUTS:
-        raise ValueError(f'layout must be one of {_LAYOUTS}, got {value!r}.')
-    return value
+    return one_of('layout', value, _LAYOUTS)
 
 
 def _init_param(name: str, init, shape: tuple, transpose: Optional[tuple] = None):
@@ -129,7 +126,8 @@ def _init_param(name: str, init, shape: tuple, transpose: Optional[tuple] = None
     else:
         value = init if isinstance(init, u.Quantity) else jnp.asarray(init)
     if tuple(jnp.shape(value)) != target:
-        raise ValueError(f'{name} must have shape {target}, got {tuple(jnp.shape(value))}.')
+        raise ArgumentError(name, value, f'have shape {target}',
+                            shown=str(tuple(jnp.shape(value))))
     return value
 
 
@@ -188,8 +186,8 @@ class _ConvNd(brainstate.nn.Module):
         self.dilation = positive_ints('dilation', dilation, n)
         self.groups = positive('groups', groups)
         if in_channels % groups or out_channels % groups:
-            raise ValueError(f'groups ({groups}) must divide in_channels ({in_channels}) and '
-                             f'out_channels ({out_channels}).')
+            raise ArgumentError('groups', groups, f'divide in_channels ({in_channels}) and '
+                                                  f'out_channels ({out_channels})')
         self.layout = checked_layout(layout)
         spatial = _SPATIAL[n]
         if layout == 'channels_last':
@@ -358,9 +356,7 @@ class Flatten(brainstate.nn.Module):
 
     def __init__(self, start_axis: int = 1, name: Optional[str] = None):
         super().__init__(name=name)
-        if isinstance(start_axis, bool) or not isinstance(start_axis, (int, np.integer)):
-            raise TypeError(f'start_axis must be an int, got {start_axis!r}.')
-        self.start_axis = int(start_axis)
+        self.start_axis = integer('start_axis', start_axis)
 
     def update(self, x):
         """Return ``x`` reshaped to ``x.shape[:start_axis] + (-1,)``."""
@@ -406,8 +402,9 @@ class AvgPool(brainstate.nn.Module):
         n = self.num_spatial_dims
         if n is None:
             if isinstance(kernel_size, (int, np.integer)):
-                raise TypeError('kernel_size of AvgPool must be a tuple (its length sets the '
-                                'number of spatial dims); use AvgPool1d/2d/3d for an int.')
+                raise WrongTypeError('kernel_size', kernel_size, 'be a tuple for AvgPool (its '
+                                     'length sets the number of spatial dims)',
+                                     'use AvgPool1d/2d/3d for an int')
             n = len(kernel_size)
         self.kernel_size = positive_ints('kernel_size', kernel_size, n)
         self.stride = self.kernel_size if stride is None else positive_ints('stride', stride, n)

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 import saiunit as u
 
+from .._validation import ArgumentError, WrongTypeError, integer, one_of, optional
 from .surrogate import Sigmoid
 
 __all__ = ['DEFAULT_DT', 'Neuron', 'LIF', 'ALIF', 'CubaLIF', 'IF', 'LI']
@@ -72,8 +73,8 @@ def _format_size(in_size, name: str = 'in_size') -> tuple:
     sizes = (in_size,) if isinstance(in_size, (int, np.integer)) else tuple(in_size)
     if not sizes or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0
                         for s in sizes):
-        raise ValueError(f'{name} must be a positive int or a non-empty tuple of positive ints, '
-                         f'got {in_size!r}.')
+        raise ArgumentError(name, in_size, 'be a positive int or a non-empty tuple of positive '
+                                           'ints')
     return tuple(int(s) for s in sizes)
 
 
@@ -84,7 +85,7 @@ def _time_constant(name: str, tau):
             tau, u.ms, f'{name} must be a time (e.g. 10 * u.ms) or a plain number in ms')
     mantissa = np.asarray(u.get_mantissa(tau))
     if not np.issubdtype(mantissa.dtype, np.number) or not np.all(mantissa > 0):
-        raise ValueError(f'{name} must be positive, got {tau!r}.')
+        raise ArgumentError(name, tau, 'be positive', shown=repr(tau))
     return tau
 
 
@@ -143,8 +144,8 @@ class Neuron(brainstate.nn.Module):
         names = (trainable,) if isinstance(trainable, str) else tuple(trainable)
         unknown = [n for n in names if n not in self.TRAINABLE]
         if unknown:
-            raise ValueError(f'trainable of {type(self).__name__} must name constants among '
-                             f'{self.TRAINABLE}, got {unknown}.')
+            raise ArgumentError(f'trainable of {type(self).__name__}', unknown,
+                                f'name constants among {self.TRAINABLE}')
         for n in names:
             value = getattr(self, n)
             mantissa = jnp.asarray(u.get_mantissa(value), brainstate.environ.dftype())
@@ -154,10 +155,9 @@ class Neuron(brainstate.nn.Module):
     def _state_shape(self, batch_size: Optional[int]) -> tuple:
         if batch_size is None:
             return self.in_size
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size <= 0:
-            raise ValueError(f'batch_size must be None or a positive int, got {batch_size!r}.')
-        return (int(batch_size),) + self.in_size
+        batch_size = optional(integer, 'batch_size', batch_size, sign='positive',
+                              means='no batch axis')
+        return (batch_size,) + self.in_size
 
     @staticmethod
     def _filled(shape: tuple, value):
@@ -258,16 +258,16 @@ class LIF(Neuron):
     ):
         super().__init__(in_size, name=name)
         self.tau = None if isinstance(self, IF) else _time_constant('tau', tau)   # IF: no leak
-        if reset not in _RESET_MODES:
-            raise ValueError(f'reset must be one of {_RESET_MODES}, got {reset!r}.')
+        one_of('reset', reset, _RESET_MODES)
         if not callable(spike_fn):
-            raise TypeError(f'spike_fn must be callable, got {type(spike_fn).__name__}.')
+            raise WrongTypeError('spike_fn', spike_fn, 'be callable',
+                                 shown=type(spike_fn).__name__)
         self.V_th = V_th
         self.V_reset = _voltage('V_reset', V_reset, V_th, 'V_th')
         self.V_rest = _voltage('V_rest', V_rest, V_th, 'V_th')
         if not np.all(np.asarray(u.get_mantissa(self.V_th - self.V_reset)) > 0):
-            raise ValueError(f'V_th must be larger than V_reset, got V_th={V_th!r}, '
-                             f'V_reset={V_reset!r}.')
+            raise ArgumentError('V_th', V_th, f'be larger than {{V_reset}} ({V_reset!r})',
+                                refs=('V_reset',), shown=repr(V_th))
         self.spike_fn = spike_fn
         self.reset = reset
         self.detach_reset = bool(detach_reset)

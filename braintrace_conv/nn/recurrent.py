@@ -23,7 +23,7 @@ import brainstate
 import jax
 import saiunit as u
 
-from .._validation import positive_ints
+from .._validation import ArgumentError, WrongTypeError, positive_ints
 from .layers import CONV_BY_RANK, DEFAULT_W_INIT, FanInNormal, checked_layout
 from .neurons import LIF
 
@@ -103,8 +103,8 @@ class RecurrentConvCell(brainstate.nn.Module):
         super().__init__(name=name)
         in_size = tuple(in_size) if isinstance(in_size, (tuple, list)) else (in_size,)
         if len(in_size) - 1 not in CONV_BY_RANK:
-            raise ValueError(f'in_size must be (*spatial, channels) or (channels, *spatial) with '
-                             f'1 to 3 spatial dims, got {in_size!r}.')
+            raise ArgumentError('in_size', in_size, 'be (*spatial, channels) or (channels, '
+                                                    '*spatial) with 1 to 3 spatial dims')
         in_size = positive_ints('in_size', in_size, len(in_size))
         layout = checked_layout(layout)
         conv_cls = CONV_BY_RANK[len(in_size) - 1]
@@ -122,8 +122,8 @@ class RecurrentConvCell(brainstate.nn.Module):
                     else (out_channels,) + out_spatial)
         self.neuron = LIF(out_size) if neuron is None else neuron(out_size)
         if not (callable(getattr(self.neuron, 'spike', None)) and callable(self.neuron)):
-            raise TypeError(f'neuron must build a module with spike() and update(); got '
-                            f'{type(self.neuron).__name__}.')
+            raise WrongTypeError('neuron', neuron, 'build a module with spike() and update()',
+                                 shown=type(self.neuron).__name__)
         self.in_size = in_size
         self.out_size = out_size
 

@@ -1,4 +1,4 @@
-"""What a run records: a per-epoch summary, per-step scalars and a learning curve.
+"""What a run records: a per-epoch summary, per-batch scalars and a learning curve.
 
 * ``metrics.json``: the run's configuration and per-epoch history (NaN and
   infinities are written as ``null``, so the file is strict JSON);
@@ -27,9 +27,10 @@ from .run_dir import CURVE_NAME, METRICS_NAME, SCALARS_NAME, TENSORBOARD_DIR
 
 __all__ = ['SCALAR_COLUMNS', 'ScalarLog', 'write_metrics', 'write_curve', 'run_title']
 
-#: Columns of ``scalars.csv``: update count after the batch, epoch (1-based), batch
-#: index in the epoch, the batch's loss and accuracy, updates skipped so far
-#: (non-finite gradients), seconds since the epoch started.
+#: Columns of ``scalars.csv``: the number of optimiser updates after the batch (``step``,
+#: TensorBoard's name for it), epoch (1-based), batch index in the epoch, the batch's loss
+#: and accuracy, updates skipped so far (non-finite gradients), seconds since the epoch
+#: started.
 SCALAR_COLUMNS = ('step', 'epoch', 'batch', 'loss', 'accuracy', 'skipped_updates', 'time_s')
 
 
@@ -103,20 +104,20 @@ def _summary_writer(directory: Path, tensorboard: Optional[bool], purge_step: in
 
 
 class ScalarLog:
-    """Per-step scalars of a run: ``scalars.csv`` and, when available, TensorBoard.
+    """Per-batch scalars of a run: ``scalars.csv`` and, when available, TensorBoard.
 
     Args:
       directory: The run directory (must exist).
-      start_step: Update count of the state the run starts from (0 for a new run, the
-        checkpoint's for a resumed one); rows logged after it are dropped.
+      start_update: Number of updates of the state the run starts from (0 for a new run,
+        the checkpoint's for a resumed one); rows logged after it are dropped.
       tensorboard: Also write TensorBoard events: ``None`` when ``tensorboardX`` is
         installed, ``True`` always (error without it), ``False`` never.
     """
 
-    def __init__(self, directory: Union[str, os.PathLike], *, start_step: int,
+    def __init__(self, directory: Union[str, os.PathLike], *, start_update: int,
                  tensorboard: Optional[bool] = None):
         self.path = Path(directory) / SCALARS_NAME
-        rows = self._rows_until(start_step)
+        rows = self._rows_until(start_update)
         text = io.StringIO()
         writer = csv.writer(text, lineterminator='\n')
         writer.writerow(SCALAR_COLUMNS)
@@ -124,10 +125,10 @@ class ScalarLog:
         atomic_write(self.path, text.getvalue().encode())
         self._file = open(self.path, 'a', newline='')
         self._csv = csv.writer(self._file, lineterminator='\n')
-        self._tb = _summary_writer(self.path.parent, tensorboard, start_step + 1)
+        self._tb = _summary_writer(self.path.parent, tensorboard, start_update + 1)
 
-    def _rows_until(self, step: int) -> list:
-        if step == 0 or not self.path.is_file():
+    def _rows_until(self, update: int) -> list:
+        if update == 0 or not self.path.is_file():
             return []
         # undecodable bytes (a damaged file) become U+FFFD and fail the checks below
         with open(self.path, newline='', encoding='utf-8', errors='replace') as f:
@@ -135,14 +136,15 @@ class ScalarLog:
         kept = []
         for row in rows:    # a run killed mid-write may leave a partial last line
             if (len(row) == len(SCALAR_COLUMNS) and row[0].isascii() and row[0].isdigit()
-                    and int(row[0]) <= step
+                    and int(row[0]) <= update
                     and not any('\ufffd' in cell for cell in row)):
                 kept.append(row)
         return kept
 
-    def log(self, step: int, **scalars) -> None:
-        """Append one row (``step`` plus the other :data:`SCALAR_COLUMNS`)."""
-        row = dict(scalars, step=step)
+    def log(self, update: int, **scalars) -> None:
+        """Append one row: ``update``, the number of updates so far (column ``step``), and
+        the other :data:`SCALAR_COLUMNS`."""
+        row = dict(scalars, step=update)
         try:
             self._csv.writerow([row[c] for c in SCALAR_COLUMNS])
             self._file.flush()
@@ -150,17 +152,17 @@ class ScalarLog:
             raise OSError(err.errno, err.strerror or str(err), str(self.path)) from None
         if self._tb is not None:
             for key in ('loss', 'accuracy', 'skipped_updates'):
-                self._tb.add_scalar(f'train/{key}', row[key], step)
+                self._tb.add_scalar(f'train/{key}', row[key], update)
 
-    def log_epoch(self, step: int, record: dict) -> None:
+    def log_epoch(self, update: int, record: dict) -> None:
         """The evaluation of an epoch record (see ``Trainer.fit``) to TensorBoard."""
         if self._tb is None:
             return
         for key in ('test_loss', 'test_accuracy'):
             if key in record:
-                self._tb.add_scalar(f"eval/{key[len('test_'):]}", record[key], step)
+                self._tb.add_scalar(f"eval/{key[len('test_'):]}", record[key], update)
         for name, rate in record.get('spike_rates', {}).items():
-            self._tb.add_scalar(f'spike_rate/{name}', rate, step)
+            self._tb.add_scalar(f'spike_rate/{name}', rate, update)
 
     def sync(self) -> None:
         """Make everything logged so far durable (called with each checkpoint)."""

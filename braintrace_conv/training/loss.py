@@ -9,7 +9,8 @@ argmax over classes of a pooled score ``p_b`` ``(B, K)``. With
 
 * ``'every_step'``: :math:`L_b = \sum_t w_t\, \mathrm{CE}(s_{t,b}, y_b)` with
   :math:`w_t = 1/T`; :math:`p_b = \sum_t w_t s_{t,b}`.
-* ``'final'``: the same with :math:`w_t = 1/k` on the last ``k`` steps, 0 before.
+* ``'final'``: the same with :math:`w_t = 1/F` on the last :math:`F` steps
+  (``final_steps``), 0 before.
 * ``'count_ce'``: :math:`L_b = \mathrm{CE}(n_b, y_b)` of the counts
   :math:`n_b = \sum_t s_{t,b}`; :math:`p_b = n_b`.
 * ``'count_mse'``: :math:`L_b = \frac1K \sum_c (n_{b,c} / T - \rho_{b,c})^2`;
@@ -68,7 +69,7 @@ import numpy as np
 import optax
 import saiunit as u
 
-from .._validation import one_of, positive
+from .._validation import ArgumentError, at_most, one_of, positive
 
 __all__ = ['LOSSES', 'SEQUENCE_LOSSES', 'DEFAULT_TARGET_RATES', 'step_weights',
            'cross_entropy', 'weighted_cross_entropy', 'pooled_scores', 'sequence_loss',
@@ -84,16 +85,15 @@ DEFAULT_TARGET_RATES = (0.8, 0.2)
 
 
 def step_weights(loss: str, num_steps: int, final_steps: int = 1) -> np.ndarray:
-    """Per-step weights ``w``, float32 ``(num_steps,)``: ``1/k`` on the last ``k``
-    steps for ``'final'``, ``1/T`` on every step for the other losses."""
+    """The loss weights ``w_t`` of the time steps, float32 ``(num_steps,)``: ``1/F`` on the
+    last ``F = final_steps`` steps for ``'final'``, ``1/T`` on every step for the other
+    losses."""
     one_of('loss', loss, LOSSES)
     num_steps = positive('num_steps', num_steps)
     if loss != 'final':
         return np.full(num_steps, 1.0 / num_steps, np.float32)
-    final_steps = positive('final_steps', final_steps)
-    if final_steps > num_steps:
-        raise ValueError(f'final_steps must be at most the number of time steps of the data '
-                         f'({num_steps}), got {final_steps}.')
+    final_steps = at_most('final_steps', positive('final_steps', final_steps), num_steps,
+                          'num_steps')
     w = np.zeros(num_steps, np.float32)
     w[num_steps - final_steps:] = 1.0 / final_steps
     return w
@@ -106,8 +106,8 @@ def check_target_rates(value) -> tuple:
     except (TypeError, ValueError):
         rates = ()
     if len(rates) != 2 or not all(0 <= r <= 1 for r in rates):
-        raise ValueError(f'target_rates must be two rates per step in [0, 1] (true class, '
-                         f'other classes), got {value!r}.')
+        raise ArgumentError('target_rates', value, 'be two rates per step in [0, 1] (true '
+                                                   'class, other classes)', shown=repr(value))
     return rates
 
 
@@ -133,13 +133,13 @@ def weighted_cross_entropy(scores, target):
     return weight * jnp.mean(cross_entropy(scores, labels))
 
 
-def pooled_scores(scores, weights, loss: str = 'every_step'):
-    """The pooled score ``p`` of the module docstring: scores ``(T, B, K)``, weights
-    ``(T,)`` (used by ``'every_step'`` and ``'final'``) -> ``(B, K)``."""
+def pooled_scores(scores, step_weights, loss: str = 'every_step'):
+    """The pooled score ``p`` of the module docstring: scores ``(T, B, K)``, step weights
+    ``(T,)`` (:func:`step_weights`; used by ``'every_step'`` and ``'final'``) -> ``(B, K)``."""
     one_of('loss', loss, LOSSES)
     s = jnp.asarray(_logits(scores))
     if loss in ('every_step', 'final'):
-        return jnp.tensordot(jnp.asarray(weights, s.dtype), s, axes=1)
+        return jnp.tensordot(jnp.asarray(step_weights, s.dtype), s, axes=1)
     if loss == 'max_membrane':
         return jnp.max(s, axis=0)
     if loss == 'mean_membrane':
@@ -147,17 +147,17 @@ def pooled_scores(scores, weights, loss: str = 'every_step'):
     return jnp.sum(s, axis=0)   # spike counts
 
 
-def sequence_loss(scores, labels, weights, loss: str = 'every_step',
+def sequence_loss(scores, labels, step_weights, loss: str = 'every_step',
                   rates: tuple = DEFAULT_TARGET_RATES):
-    """``L_b`` per sample: scores ``(T, B, K)``, int labels ``(B,)``, weights ``(T,)`` ->
-    ``(B,)`` (a JAX array, differentiable in ``scores``). ``rates``: the target rates
-    of ``'count_mse'`` (:func:`check_target_rates`)."""
+    """``L_b`` per sample: scores ``(T, B, K)``, int labels ``(B,)``, step weights ``(T,)``
+    (:func:`step_weights`) -> ``(B,)`` (a JAX array, differentiable in ``scores``).
+    ``rates``: the target rates of ``'count_mse'`` (:func:`check_target_rates`)."""
     s = jnp.asarray(_logits(scores))
     labels = jnp.asarray(labels)
     if loss in ('every_step', 'final'):
         ce = cross_entropy(s, jnp.broadcast_to(labels, s.shape[:2]))
-        return jnp.tensordot(jnp.asarray(weights, ce.dtype), ce, axes=1)
-    pooled = pooled_scores(s, weights, loss)
+        return jnp.tensordot(jnp.asarray(step_weights, ce.dtype), ce, axes=1)
+    pooled = pooled_scores(s, step_weights, loss)
     if loss != 'count_mse':
         return cross_entropy(pooled, labels)
     onehot = jax.nn.one_hot(labels, s.shape[-1], dtype=s.dtype)
@@ -165,9 +165,10 @@ def sequence_loss(scores, labels, weights, loss: str = 'every_step',
     return jnp.mean((pooled / s.shape[0] - target) ** 2, axis=-1)
 
 
-def predicted_labels(scores, weights, loss: str = 'every_step') -> np.ndarray:
-    """``argmax_c p[b, c]`` (module docstring): scores ``(T, B, K)`` -> int ``(B,)``."""
-    return np.argmax(np.asarray(pooled_scores(scores, weights, loss)), axis=-1)
+def predicted_labels(scores, step_weights, loss: str = 'every_step') -> np.ndarray:
+    """``argmax_c p[b, c]`` (module docstring): scores ``(T, B, K)``, step weights ``(T,)``
+    -> int ``(B,)``."""
+    return np.argmax(np.asarray(pooled_scores(scores, step_weights, loss)), axis=-1)
 
 
 def linearised_step_loss(outputs, cotangents):
@@ -188,17 +189,18 @@ def check_rate_targets(value) -> dict:
     if not isinstance(value, dict) or not all(
             isinstance(k, str) and isinstance(v, (int, float, np.integer, np.floating))
             and not isinstance(v, bool) and 0 <= v <= 1 for k, v in value.items()):
-        raise ValueError(f'rate_targets must be a dict {{layer name: target fraction of its '
-                         f'neurons spiking per step, in [0, 1]}}, got {value!r}.')
+        raise ArgumentError('rate_targets', value, 'be a dict {layer name: target fraction of '
+                                                   'its neurons spiking per step, in [0, 1]}',
+                            shown=repr(value))
     return {k: float(v) for k, v in value.items()}
 
 
-def rate_penalty(spikes: dict, targets: dict, strength: float):
+def rate_penalty(spikes: dict, rate_targets: dict, strength: float):
     """``R_b`` of the module docstring: ``spikes`` ``{name: (T, B, ...)}`` (every name of
-    ``targets`` present), ``targets`` ``{name: rate}``, ``strength`` (:math:`\\lambda`)
-    -> ``(B,)``."""
+    ``rate_targets`` present), ``rate_targets`` ``{name: rate}``, ``strength``
+    (:math:`\\lambda`) -> ``(B,)``."""
     total = 0.0
-    for name, target in targets.items():
+    for name, target in rate_targets.items():
         z = jnp.asarray(u.get_mantissa(spikes[name]))
         rate = jnp.mean(jnp.reshape(z, jnp.shape(z)[:2] + (-1,)), axis=(0, 2))
         total = total + (rate - target) ** 2

@@ -25,6 +25,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .._validation import ArgumentError
 from ..sharding import data_mesh, shard_batch
 
 __all__ = ['Devices', 'DataParallel', 'device_mesh', 'to_host', 'sync_processes']
@@ -47,11 +48,11 @@ def device_mesh(devices: Devices = None) -> Mesh:
         chosen = list(available)
     elif isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
         if not 1 <= devices <= len(available):
-            raise ValueError(
-                f'devices must be between 1 and the {len(available)} available device(s) '
-                f'({available[0].platform}), got {devices}. On a CPU, XLA_FLAGS='
-                f'--xla_force_host_platform_device_count={max(int(devices), 1)} set before JAX '
-                f'starts makes that many devices.')
+            raise ArgumentError(
+                'devices', devices, f'be between 1 and the {len(available)} available '
+                                    f'device(s) ({available[0].platform})',
+                f'on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count='
+                f'{max(int(devices), 1)} set before JAX starts makes that many devices')
         chosen = list(available[:operator.index(devices)])
     else:
         try:
@@ -106,14 +107,15 @@ class DataParallel:
         return -(-batch_size // len(self.devices)) * len(self.devices)
 
     def check_batch_size(self, name: str, batch_size: int) -> None:
-        """Raise a ``ValueError`` naming ``name`` unless ``batch_size`` is a multiple of
+        """Raise an ``ArgumentError`` naming ``name`` unless ``batch_size`` is a multiple of
         the number of devices."""
         n = len(self.devices)
         if batch_size % n:
-            raise ValueError(f'{name} must be a multiple of the {n} devices of this Trainer '
-                             f'(each takes an equal share of the batch), got {batch_size}; '
-                             f'use a multiple of {n} such as {max(n, batch_size // n * n)}, '
-                             f'or other devices (Trainer(..., devices=...)).')
+            raise ArgumentError(
+                name, batch_size, f'be a multiple of the number of devices ({n})',
+                f'each device takes an equal share of the batch: use a multiple of {n} such as '
+                f'{max(n, batch_size // n * n)}, or other {{devices}}', refs=('devices',),
+                names={'devices': 'devices (Trainer(..., devices=...))'})
 
 
 def to_host(array) -> np.ndarray:

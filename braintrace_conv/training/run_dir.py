@@ -45,7 +45,7 @@ except ImportError:     # no advisory locks on this platform: an exclusively cre
 
 __all__ = ['LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'METRICS_NAME', 'SCALARS_NAME', 'CURVE_NAME',
            'TENSORBOARD_DIR', 'RUN_FILES', 'CHECKPOINTS', 'LOCK_NAME', 'TRASH_PREFIX',
-           'RunLockedError',
+           'RunLockedError', 'RunExistsError', 'NothingToResumeError',
            'run_files', 'check', 'create', 'locked', 'lock_holder', 'lagging',
            'checkpoint_file']
 
@@ -90,6 +90,14 @@ class RunLockedError(RuntimeError):
         holder = f'another process ({who})' if who else 'another process'
         super().__init__(f'{directory} is in use: {holder} is writing a run in it; wait for '
                          f'it to end or stop it.')
+
+
+class RunExistsError(FileExistsError):
+    """The directory holds a run, and it is neither to be resumed nor replaced."""
+
+
+class NothingToResumeError(FileNotFoundError):
+    """The directory holds no checkpoint to resume from."""
 
 
 def run_files(directory: Union[str, os.PathLike]) -> list:
@@ -301,9 +309,10 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
     Raises:
       ValueError: ``resume`` and ``overwrite`` together, ``directory`` is an empty path, a
         dangling link or not a directory, or (``resume``) run files in it are links.
-      FileNotFoundError: ``resume`` without a :data:`LAST_CHECKPOINT` in ``directory``.
-      FileExistsError: ``directory`` holds a run and neither ``resume`` nor ``overwrite`` is
-        set.
+      NothingToResumeError: ``resume`` without a :data:`LAST_CHECKPOINT` in ``directory``
+        (a ``FileNotFoundError``).
+      RunExistsError: ``directory`` holds a run and neither ``resume`` nor ``overwrite`` is
+        set (a ``FileExistsError``).
       RunLockedError: Another process is writing a run in ``directory``.
     """
     if resume and overwrite:
@@ -322,7 +331,8 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
         raise RunLockedError(directory, *holder)
     if resume:
         if not (directory / LAST_CHECKPOINT).is_file():
-            raise FileNotFoundError(f'nothing to resume: {directory} has no {LAST_CHECKPOINT}.')
+            raise NothingToResumeError(f'nothing to resume: {directory} has no '
+                                       f'{LAST_CHECKPOINT}.')
         links = [name for name in RUN_FILES if (directory / name).is_symlink()]
         if links:
             raise ValueError(f'{directory} holds symbolic links among its run files '
@@ -331,9 +341,9 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
     elif not overwrite:
         found = run_files(directory)
         if found:
-            raise FileExistsError(f'{directory} already holds a run ({", ".join(found)}); '
-                                  f'pass resume=True to continue it or overwrite=True to '
-                                  f'replace it.')
+            raise RunExistsError(f'{directory} already holds a run ({", ".join(found)}); '
+                                 f'pass resume=True to continue it or overwrite=True to '
+                                 f'replace it.')
     return directory
 
 

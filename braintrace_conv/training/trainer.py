@@ -26,14 +26,15 @@ stores its potential after the reset) is reported by returning its spikes.
 
 Updates: ``update_every=None`` takes one optimiser step per batch of
 sequences, from the gradient of the whole sequence loss
-(``learner.value_and_grad``). ``update_every=k`` is truly online: hidden
-states and traces are reset at the start of each batch of sequences, then
-every ``k`` steps the gradient of those steps' loss (``learner.advance``) is
-applied while hidden states and traces carry on; chunks whose steps all have
-weight 0 advance the network without an optimiser step. An online executor
-with ``window=w`` (e.g. ``D_RTRL(model, window=16)``) cuts each chunk into
-windows of ``w`` steps, a window never spanning two chunks, so ``w`` may not
-exceed ``update_every``.
+(``learner.value_and_grad``). ``update_every`` set to a number of time steps is
+truly online: hidden states and traces are reset at the start of each batch of
+sequences, then the batch is cut into chunks of ``update_every`` steps and the
+gradient of each chunk's loss (``learner.advance``) is applied while hidden
+states and traces carry on; chunks whose steps all have weight 0 advance the
+network without an optimiser step. An online executor with a ``window`` (e.g.
+``D_RTRL(model, window=16)``) cuts each chunk into windows of that many steps,
+a window never spanning two chunks, so ``window`` may not exceed
+``update_every``.
 
 Devices: ``devices`` (default: all of ``jax.devices()``) is a data-parallel
 mesh (:mod:`braintrace_conv.training.placement`): parameters and optimiser
@@ -46,18 +47,14 @@ parameter's mantissa in the parameter's own unit (see
 :mod:`braintrace_conv.training.params`), and :meth:`Trainer.value_and_grad`
 returns gradients in ``1 / unit(parameter)``.
 
-Bad data never becomes bad weights: inputs, labels and shapes are checked
+Bad data never becomes bad parameters: inputs, labels and shapes are checked
 against the model before the first step, and an update whose loss, gradient
 or result is not finite is never applied (``nonfinite='skip'`` counts it and
 warns, ``'raise'`` stops).
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Optional, Union
@@ -68,19 +65,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import saiunit as u
-from tqdm.auto import tqdm
 
-from .._validation import class_labels, finite, non_negative, one_of, positive
+from .._validation import (ArgumentError, at_most, class_labels, finite, one_of, optional,
+                           positive)
 from ..data import EventDataset, FrameDataset
 from ..executors import Learner
 from ..units import split_unit
-from . import checkpoint, logs, placement, run_dir
-from ._files import atomic_write
-from .fingerprint import data_change, data_fingerprint
+from . import _fit, checkpoint, logs, placement, run_dir, state
+from . import loss as losses
 from .loss import (DEFAULT_TARGET_RATES, LOSSES, SEQUENCE_LOSSES, check_rate_targets,
                    check_target_rates, linearised_step_loss, predicted_labels, rate_penalty,
-                   sequence_loss, step_weights, weighted_cross_entropy)
+                   sequence_loss, weighted_cross_entropy)
 from .params import ParamView
+from .spikes import fraction_spiking, spike_rate_observer, spiking_layers, split_output
 
 __all__ = ['Trainer', 'NONFINITE']
 
@@ -96,42 +93,24 @@ def _axes(ndim: int, lead: tuple) -> Optional[tuple]:
     return None if spatial is None else lead + ('channel',) + spatial
 
 
-def _spike_method(node):
-    """The method giving the spikes of a neuron module's stored state: ``spike()`` (this
-    package's neurons) or ``get_spike()`` (brainpy.state's); None for other nodes."""
-    if not isinstance(node, brainstate.nn.Module):
-        return None
-    for name in ('spike', 'get_spike'):
-        if callable(getattr(node, name, None)):
-            return getattr(node, name)
-    return None
-
-
-def _fraction_spiking(spikes):
-    """Spikes ``(T, B, ...)`` -> the fraction of neurons spiking per step and sample ``(T, B)``."""
-    s = jnp.asarray(u.get_mantissa(spikes))
-    return jnp.mean(jnp.reshape(s, jnp.shape(s)[:2] + (-1,)), axis=-1)
-
-
-def _spike_rates(neurons: list):
-    """``observe`` for ``Learner.predict``: per neuron module, the fraction spiking, ``(B,)``."""
-    def observe(model):
-        return [jnp.mean(jnp.reshape(s, (jnp.shape(s)[0], -1)), axis=1)
-                for s in (_spike_method(n)() for n in neurons)]
-    return observe
-
-
-def _split_output(out) -> tuple:
-    """``(scores, spikes)`` of a model output: ``scores`` alone or the pair ``(scores,
-    {layer name: spikes})``; ``spikes`` is ``{}`` for scores alone."""
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
-        return out
-    return out, {}
-
 
 def _step_loss(out, target):
-    """The executors' per-step loss: :func:`weighted_cross_entropy` of the scores."""
-    return weighted_cross_entropy(_split_output(out)[0], target)
+    """The executors' per-step loss: :func:`weighted_cross_entropy` of the scores;
+    ``target`` is one step's ``(labels, step weight)``."""
+    return weighted_cross_entropy(split_output(out)[0], target)
+
+
+def _step_output(model: brainstate.nn.Module, frame_shape: tuple, dtype):
+    """The shape of one step's output for a batch of one, traced on a copy of ``model``
+    whose hidden states are initialised: the model, its states and ``brainstate.random``'s
+    key are left as they were."""
+    probe, key = brainstate.graph.clone(model), brainstate.random.get_key()
+    try:
+        brainstate.nn.init_all_states(probe, 1)
+        return brainstate.transform.eval_shape(probe, jax.ShapeDtypeStruct((1, *frame_shape),
+                                                                          dtype))
+    finally:
+        brainstate.random.set_key(key)
 
 
 class Trainer:
@@ -149,17 +128,17 @@ class Trainer:
         ``'every_step'``, ``'final'``, ``'count_ce'``, ``'count_mse'``,
         ``'max_membrane'``, ``'mean_membrane'`` (defined in
         :mod:`braintrace_conv.training.loss`); it also sets the prediction.
-      final_steps: With ``loss='final'``, the number ``k`` of last steps weighted.
+      final_steps: With ``loss='final'``, the number of last steps weighted.
       target_rates ((float, float)): With ``loss='count_mse'``, the target rate per step of the
         true class and of the other classes.
       rate_targets: ``{layer name: target rate}``: add the firing-rate regulariser of
         :mod:`braintrace_conv.training.loss` for these layers, whose spikes
         the model returns with its scores (module docstring).
       rate_strength: The weight lambda of the regulariser.
-      update_every: ``None``: one update per batch of sequences; ``k``: truly online,
-        one update every ``k`` steps (only with ``'every_step'`` and
-        ``'final'`` and no ``rate_targets``: the others need the whole
-        sequence).
+      update_every: ``None``: one update per batch of sequences; a number of time steps:
+        truly online, one update per chunk of that many steps (only with
+        ``'every_step'`` and ``'final'`` and no ``rate_targets``: the others
+        need the whole sequence).
       nonfinite ({'skip', 'raise'}): An update with a non-finite loss, gradient or result is
         never applied: ``'skip'`` counts it in :attr:`skipped_updates` and warns, ``'raise'``
         raises ``FloatingPointError``.
@@ -174,7 +153,7 @@ class Trainer:
       devices (tuple of jax.Device): The devices of :attr:`mesh`, in order.
       mesh (jax.sharding.Mesh): One-axis mesh (axis ``'batch'``) the batches are split over.
       epoch (int): Completed training epochs.
-      step (int): Optimiser updates attempted (applied or skipped).
+      updates (int): Optimiser updates attempted (applied or skipped).
       skipped_updates (int): Updates skipped for non-finite values.
       history (list of dict): One record per completed epoch (see :meth:`fit`).
       best (dict or None): ``epoch`` and ``test_accuracy`` of the best evaluated epoch so far.
@@ -204,36 +183,23 @@ class Trainer:
         self.loss = one_of('loss', loss, LOSSES)
         self.final_steps = positive('final_steps', final_steps)
         self.target_rates = check_target_rates(target_rates)
-        self.update_every = (None if update_every is None
-                             else positive('update_every', update_every))
+        self.update_every = optional(positive, 'update_every', update_every,
+                                     means='one update per sequence')
         self.rate_targets = check_rate_targets(rate_targets)
         self.rate_strength = positive('rate_strength', rate_strength, float)
-        if self.update_every is not None and self._whole_sequence:
-            what = (f'loss {self.loss!r} is a loss of the whole sequence'
-                    if self.loss in SEQUENCE_LOSSES else 'the firing-rate regulariser '
-                    '(rate_targets) is a function of the whole sequence')
-            raise ValueError(f'{what}: its gradient needs the outputs of every step, so it '
-                             f'cannot update every {self.update_every} steps; use '
-                             f'update_every=None, or a per-step loss (every_step, final) '
-                             f'without rate_targets.')
-        window = getattr(learner, 'window', None)
-        if window is not None and self.update_every is not None and window > self.update_every:
-            raise ValueError(f'the learner\'s window ({window} steps) exceeds update_every '
-                             f'({self.update_every}): a window never spans two online chunks; '
-                             f'choose window <= update_every.')
+        self._check_schedule(getattr(learner, 'window', None))
         self.nonfinite = one_of('nonfinite', nonfinite, NONFINITE)
         self._parallel = placement.DataParallel(devices)
         self.mesh, self.devices = self._parallel.mesh, self._parallel.devices
         self._view = ParamView(self.model)
-        self.spiking_layers = {'.'.join(map(str, k)): n for k, n in self.model.nodes().items()
-                               if _spike_method(n) is not None}
-        self._observe = _spike_rates(list(self.spiking_layers.values()))
+        self.spiking_layers = spiking_layers(self.model)
+        self._observe = spike_rate_observer(list(self.spiking_layers.values()))
         self._set_params(self._view.mantissas())
         self.opt_state = None if optimizer is None else self._parallel.replicate(
             optimizer.init(self._view.mantissas()))
         # Only the first process writes run files and shows progress.
         self._writer = jax.process_index() == 0
-        self.epoch = self.step = self.skipped_updates = 0
+        self.epoch = self.updates = self.skipped_updates = 0
         self.history: list = []
         self.best: Optional[dict] = None
         self.run_config: dict = {}
@@ -257,6 +223,38 @@ class Trainer:
             config['window'] = self.learner.window
         return config
 
+    def _check_schedule(self, window: Optional[int]) -> None:
+        """Refuse online updates that cannot be made: a loss of the whole sequence, or a
+        learner's window longer than a chunk."""
+        if self.update_every is None:
+            return
+        per_step = f'with {{update_every}} ({self.update_every})'
+        if self.loss in SEQUENCE_LOSSES:
+            raise ArgumentError('loss', self.loss, f'be a per-step loss (every_step, final) '
+                                                   f'{per_step}', 'a loss of the whole sequence '
+                                'needs the outputs of every step', refs=('update_every',))
+        if self.rate_targets:
+            raise ArgumentError('rate_targets', self.rate_targets, f'be empty {per_step}',
+                                'the firing-rate regulariser is a function of the whole '
+                                'sequence', refs=('update_every',))
+        if window is not None:
+            at_most('window', window, self.update_every, 'update_every',
+                    fix='a window never spans two online chunks',
+                    names={'window': "the learner's window"})
+
+    @property
+    def step(self) -> int:
+        """Deprecated name of :attr:`updates` (``step`` means a time step elsewhere)."""
+        warnings.warn('Trainer.step is Trainer.updates, the number of optimiser updates; '
+                      'step is deprecated.', DeprecationWarning, stacklevel=2)
+        return self.updates
+
+    def params(self) -> dict:
+        """``{leaf name: mantissa}``: the parameters as NumPy arrays, each in its own unit
+        (``'blocks.0.ff.weight'``; :mod:`braintrace_conv.training.params`)."""
+        return {name: np.asarray(value)      # replicated: every process holds all of it
+                for name, value in self._view.named(self._view.mantissas()).items()}
+
     @property
     def _whole_sequence(self) -> bool:
         """Whether the loss is a function of the whole sequence (trained in two passes)."""
@@ -274,17 +272,15 @@ class Trainer:
     # ------------------------------------------------------------------ data checks
     def _num_outputs(self, frame_shape: tuple, dtype, name: str) -> int:
         """Number of class scores the model returns for one step of ``frame_shape``
-        (its hidden states are re-initialised, as every call of the executors does)."""
+        (traced on a copy of the model: :func:`_step_output`)."""
         key = (tuple(frame_shape), np.dtype(dtype).str)
         if key not in self._outputs:
-            brainstate.nn.init_all_states(self.model, 1)
-            spec = jax.ShapeDtypeStruct((1, *frame_shape), dtype)
             try:
-                out = brainstate.transform.eval_shape(self.model, spec)
+                out = _step_output(self.model, frame_shape, dtype)
             except Exception as err:   # the model's own check of its input, whatever its type
                 raise ValueError(f'{name} does not fit the model: one step of shape (B, '
                                  f'{", ".join(map(str, frame_shape))}) gives: {err}') from err
-            out, spikes = _split_output(out)
+            out, spikes = split_output(out)
             missing = sorted(set(self.rate_targets) - set(spikes))
             if missing:
                 raise ValueError(f'rate_targets names layers {missing} whose spikes the model '
@@ -301,11 +297,15 @@ class Trainer:
             self._outputs[key] = out.shape[1]
         return self._outputs[key]
 
-    def _weights(self, num_steps: int, name: str) -> np.ndarray:
+    def _step_weights(self, num_steps: int, name: str) -> np.ndarray:
+        """The loss weights ``(T,)`` of the time steps of ``name``, data of ``num_steps``
+        steps."""
         try:
-            return step_weights(self.loss, num_steps, self.final_steps)
-        except ValueError as err:
-            raise ValueError(f'{name}: {err}') from None
+            return losses.step_weights(self.loss, num_steps, self.final_steps)
+        except ArgumentError as err:
+            raise ArgumentError(err.name, err.value, err.expected, err.fix, refs=err.refs,
+                                names={'num_steps': f'the number of time steps of {name}'}
+                                ) from None
 
     def _check_dataset(self, name: str, dataset) -> None:
         """Check a dataset against the model, naming the first problem. The events of a
@@ -317,13 +317,13 @@ class Trainer:
                             f'{type(dataset).__name__}.')
         if len(dataset.labels) == 0:
             raise ValueError(f'{name} must hold at least one sample, got 0.')
-        k = self._num_outputs(dataset.frame_shape, np.float32, name)
-        if dataset.num_classes > k:
-            raise ValueError(f'{name} has {dataset.num_classes} classes but the model has {k} '
-                             f'outputs (class scores); build the model with num_classes='
-                             f'{dataset.num_classes}.')
-        class_labels(f'{name} labels', dataset.labels, k)
-        self._weights(dataset.num_steps, name)
+        num_outputs = self._num_outputs(dataset.frame_shape, np.float32, name)
+        if dataset.num_classes > num_outputs:
+            raise ValueError(f'{name} has {dataset.num_classes} classes but the model has '
+                             f'{num_outputs} outputs (class scores); build the model with '
+                             f'num_classes={dataset.num_classes}.')
+        class_labels(f'{name} labels', dataset.labels, num_outputs)
+        self._step_weights(dataset.num_steps, name)
         if isinstance(dataset, EventDataset):
             finite(f'{name} events', dataset.events,
                    _axes(dataset.events.ndim, ('sample', 't')))
@@ -337,31 +337,33 @@ class Trainer:
             yield xs, labels
 
     def _check_batch(self, xs, labels) -> tuple:
+        """``(xs, labels)`` of one batch as NumPy arrays, checked against the model."""
         xs = np.asarray(xs)
         if xs.ndim < 3 or not (jnp.issubdtype(xs.dtype, jnp.number) or xs.dtype == bool):
             raise ValueError(f'xs must be a numeric array (T, B, ...), got shape {xs.shape} and '
                              f'dtype {xs.dtype}.')
-        k = self._num_outputs(xs.shape[2:], xs.dtype, 'xs')
-        labels = class_labels('labels', labels, k, batch=xs.shape[1])
+        num_outputs = self._num_outputs(xs.shape[2:], xs.dtype, 'xs')
+        labels = class_labels('labels', labels, num_outputs, batch=xs.shape[1])
         self._parallel.check_batch_size('the batch size B of xs (T, B, ...)', xs.shape[1])
-        self._weights(xs.shape[0], 'xs')
+        self._step_weights(xs.shape[0], 'xs')
         finite('xs', xs, _axes(xs.ndim, ('t', 'b')))
         return xs, labels
 
     # ------------------------------------------------------------------ updates
-    def _placed(self, xs: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> tuple:
-        """``(xs, (labels (T, B), w (T,)))`` on the devices: inputs and labels split along
-        the batch axis, step weights replicated; the executors' ``xs`` and targets."""
-        labels = np.broadcast_to(labels, (len(weights),) + labels.shape)
+    def _placed(self, xs: np.ndarray, labels: np.ndarray, step_weights: np.ndarray) -> tuple:
+        """``(xs, (labels (T, B), step weights (T,)))`` on the devices, the arguments the
+        executors take for :func:`_step_loss`: inputs and labels split along the batch
+        axis, step weights replicated."""
+        labels = np.broadcast_to(labels, (len(step_weights),) + labels.shape)
         xs, labels = self._parallel.shard((xs, labels))
-        return xs, (labels, self._parallel.replicate(weights))
+        return xs, (labels, self._parallel.replicate(step_weights))
 
     def _candidate_update(self, grads, opt_state, params, loss):
         """The optimiser step, with per-leaf gradient finiteness and whether it may be
         applied (finite loss, gradients and new parameters)."""
         finite_grads = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
-        updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        changes, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, changes)
         ok = (jnp.isfinite(loss) & jnp.all(finite_grads)
               & jnp.all(jnp.stack([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)])))
         return params, opt_state, ok, finite_grads
@@ -373,7 +375,7 @@ class Trainer:
         if bool(ok):
             self._view.assign(params)
             self.opt_state = opt_state
-            self.step += 1
+            self.updates += 1
             return True
         bad = [n for n, f in zip(self._view.names, np.asarray(finite_grads)) if not f]
         what = (f'non-finite gradient of {", ".join(bad)}' if bad
@@ -381,10 +383,10 @@ class Trainer:
                 else 'the update would make parameters non-finite')
         if self.nonfinite == 'raise':
             raise FloatingPointError(
-                f'update {self.step + 1} (epoch {self.epoch + 1}): {what}; parameters and '
+                f'update {self.updates + 1} (epoch {self.epoch + 1}): {what}; parameters and '
                 f'optimiser state are unchanged. Lower the learning rate or check the data '
                 f'(nonfinite="skip" skips such updates).')
-        self.step += 1
+        self.updates += 1
         self.skipped_updates += 1
         warnings.warn(f'skipped an optimiser update: {what}; parameters and optimiser state '
                       f'are unchanged (Trainer.skipped_updates counts them).', RuntimeWarning,
@@ -412,28 +414,31 @@ class Trainer:
         each ``dL/dW`` in ``1 / unit(W)`` (plain arrays for plain parameters).
         """
         xs, labels = self._check_batch(xs, labels)
-        loss, grads, _ = self._sequence_gradient(xs, labels, self._weights(xs.shape[0], 'xs'))
+        loss, grads, _ = self._sequence_gradient(xs, labels,
+                                                 self._step_weights(xs.shape[0], 'xs'))
         return float(loss), self._view.gradients(self._view.grad_mantissas(grads))
 
-    def _batch_loss(self, outputs, labels, weights):
+    def _batch_loss(self, outputs, labels, step_weights):
         """Per-sample loss ``(B,)`` of stacked outputs ``(T, B, ...)``: the loss of the
         scores plus, with ``rate_targets``, the firing-rate regulariser."""
-        scores, spikes = _split_output(outputs)
-        loss = sequence_loss(scores, labels, weights, self.loss, self.target_rates)
+        scores, spikes = split_output(outputs)
+        loss = sequence_loss(scores, labels, step_weights, self.loss, self.target_rates)
         if self.rate_targets:
             loss = loss + rate_penalty(spikes, self.rate_targets, self.rate_strength)
         return loss
 
-    def _sequence_gradient(self, xs: np.ndarray, labels: np.ndarray, weights: np.ndarray):
+    def _sequence_gradient(self, xs: np.ndarray, labels: np.ndarray, step_weights: np.ndarray):
         """``(loss, grads, outputs)`` of whole sequences. A loss of the whole sequence takes
         two passes (:mod:`braintrace_conv.training.loss`): the outputs and the cotangents
         ``dL/d output``, then the gradient of the linearised step loss."""
-        xs, targets = self._placed(xs, labels, weights)
+        xs, weighted_labels = self._placed(xs, labels, step_weights)
         if not self._whole_sequence:
-            return self.learner.value_and_grad(_step_loss, xs, targets, return_outputs=True)
+            return self.learner.value_and_grad(_step_loss, xs, weighted_labels,
+                                               return_outputs=True)
         outputs = self.learner.predict(xs)
+        placed_labels = weighted_labels[0][0]       # (B,), split over the devices
         loss, cotangents = jax.value_and_grad(
-            lambda out: jnp.mean(self._batch_loss(out, targets[0][0], weights)))(outputs)
+            lambda out: jnp.mean(self._batch_loss(out, placed_labels, step_weights)))(outputs)
         _, grads = self.learner.value_and_grad(linearised_step_loss, xs, cotangents)
         return loss, grads, outputs
 
@@ -451,26 +456,26 @@ class Trainer:
         return self._train_batch(*self._check_batch(xs, labels))
 
     def _train_batch(self, xs: np.ndarray, labels: np.ndarray) -> tuple:
-        weights = self._weights(xs.shape[0], 'xs')
+        """:meth:`train_batch` of a checked batch."""
+        step_weights = self._step_weights(xs.shape[0], 'xs')
         if self.update_every is None:
-            loss, grads, outputs = self._sequence_gradient(xs, labels, weights)
+            loss, grads, outputs = self._sequence_gradient(xs, labels, step_weights)
             self._apply(self._view.grad_mantissas(grads), loss)
-            total, scores = float(loss), placement.to_host(_split_output(outputs)[0])
+            total, scores = float(loss), placement.to_host(split_output(outputs)[0])
         else:
             self.learner.reset(len(labels))
             total, chunks = 0.0, []
-            k = self.update_every
-            for start in range(0, len(weights), k):
-                part = slice(start, start + k)
-                loss, grads, chunk = self.learner.advance(
-                    _step_loss, *self._placed(xs[part], labels, weights[part]),
+            for start in range(0, len(step_weights), self.update_every):
+                chunk = slice(start, start + self.update_every)
+                loss, grads, outputs = self.learner.advance(
+                    _step_loss, *self._placed(xs[chunk], labels, step_weights[chunk]),
                     return_outputs=True)
-                if weights[part].any():
+                if step_weights[chunk].any():
                     self._apply(self._view.grad_mantissas(grads), loss)
                 total += float(loss)
-                chunks.append(placement.to_host(_split_output(chunk)[0]))
+                chunks.append(placement.to_host(split_output(outputs)[0]))
             scores = np.concatenate(chunks)
-        return total, int(np.sum(predicted_labels(scores, weights, self.loss) == labels))
+        return total, int(np.sum(predicted_labels(scores, step_weights, self.loss) == labels))
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset, batch_size: int = 64) -> dict:
@@ -494,7 +499,7 @@ class Trainer:
         """
         batch_size = positive('batch_size', batch_size)
         self._check_dataset('dataset', dataset)
-        weights = self._weights(dataset.num_steps, 'dataset')
+        step_weights = self._step_weights(dataset.num_steps, 'dataset')
         # a batch larger than the data set would only be padding
         padded = self._parallel.padded_size(min(batch_size, len(dataset.labels)))
         n_total, correct, loss_sum = 0, 0, 0.0
@@ -506,11 +511,12 @@ class Trainer:
             pad[1] = (0, padded - n)
             outputs, rates = self.learner.predict(self._parallel.shard(np.pad(xs, pad)),
                                                   observe=self._observe)
-            scores, spikes = _split_output(outputs)
+            scores, spikes = split_output(outputs)
             scores, spikes = placement.to_host(scores)[:, :n], {
-                k: placement.to_host(_fraction_spiking(v))[:, :n] for k, v in spikes.items()}
-            loss_sum += float(np.sum(self._batch_loss((scores, spikes), labels, weights)))
-            correct += int(np.sum(predicted_labels(scores, weights, self.loss) == labels))
+                name: placement.to_host(fraction_spiking(value))[:, :n]
+                for name, value in spikes.items()}
+            loss_sum += float(np.sum(self._batch_loss((scores, spikes), labels, step_weights)))
+            correct += int(np.sum(predicted_labels(scores, step_weights, self.loss) == labels))
             for name, r in zip(self.spiking_layers, rates):
                 spike_sums[name] += float(np.sum(placement.to_host(r)[:, :n]))
             for name, r in spikes.items():
@@ -518,7 +524,8 @@ class Trainer:
             n_total += n
         steps = n_total * dataset.num_steps
         return dict(loss=loss_sum / n_total, accuracy=correct / n_total,
-                    spike_rates={k: v / steps for k, v in {**spike_sums, **returned}.items()})
+                    spike_rates={name: total / steps
+                                 for name, total in {**spike_sums, **returned}.items()})
 
     # ------------------------------------------------------------------ training
     def fit(self, train_dataset, *, epochs: int, batch_size: int, seed: int = 0,
@@ -589,163 +596,26 @@ class Trainer:
           ``skipped_updates``, ``epoch_time_s`` and, with an
           ``eval_dataset``, ``test_loss``, ``test_accuracy``, ``spike_rates``.
         """
-        self._require_optimizer('fit')
-        epochs = positive('epochs', epochs)
-        batch_size = positive('batch_size', batch_size)
-        seed = non_negative('seed', seed)
-        log_every = positive('log_every', log_every)
-        eval_batch_size = (batch_size if eval_batch_size is None
-                           else positive('eval_batch_size', eval_batch_size))
-        run_config = {} if run_config is None else run_config
-        try:
-            run_config = json.loads(json.dumps(run_config))
-        except (TypeError, ValueError) as err:
-            raise TypeError(f'run_config must be a JSON-able dict, got {run_config!r}: '
-                            f'{err}') from None
-        if not isinstance(run_config, dict):
-            raise TypeError(f'run_config must be a dict, got {type(run_config).__name__}.')
-        self._check_dataset('train_dataset', train_dataset)
-        if batch_size > len(train_dataset.labels):
-            raise ValueError(f'batch_size must be at most the number of training samples '
-                             f'({len(train_dataset.labels)}), got {batch_size}.')
-        self._parallel.check_batch_size('batch_size', batch_size)
-        if eval_dataset is not None:
-            self._check_dataset('eval_dataset', eval_dataset)
-        if out_dir is None and (resume or overwrite):
-            raise ValueError('resume and overwrite need out_dir (the run directory).')
-        log = None
-        lock = contextlib.ExitStack()
-        if out_dir is not None:
-            out_dir = run_dir.check(out_dir, resume=resume, overwrite=overwrite)
-            # every process checks the directory before the first one writes to it
-            placement.sync_processes('braintrace_conv: run directory checked')
-            fit_config = dict(batch_size=batch_size, seed=seed,
-                              train_data=data_fingerprint(train_dataset),
-                              eval_data=data_fingerprint(eval_dataset))
-            if self._writer:
-                lock.enter_context(run_dir.locked(out_dir))
-            try:
-                log = self._open_run(out_dir, resume, overwrite, epochs,
-                                     dict(run=run_config, trainer=self.config(), fit=fit_config),
-                                     tensorboard, dict(train_data=train_dataset,
-                                                       eval_data=eval_dataset))
-            except BaseException:
-                lock.close()
-                raise
-        progress = progress and self._writer
-        self.run_config = run_config
-        if self._rng is None:
-            self._rng = np.random.default_rng(seed)
-        try:
-            while self.epoch < epochs:
-                record = self._train_epoch(train_dataset, batch_size, epochs, progress, log,
-                                           log_every)
-                if eval_dataset is not None:
-                    metrics = self.evaluate(eval_dataset, eval_batch_size)
-                    record.update(test_loss=metrics['loss'], test_accuracy=metrics['accuracy'],
-                                  spike_rates=metrics['spike_rates'])
-                self.epoch += 1
-                self.history.append(record)
-                improved = 'test_accuracy' in record and (
-                    self.best is None or record['test_accuracy'] > self.best['test_accuracy'])
-                if improved:
-                    self.best = dict(epoch=self.epoch, test_accuracy=record['test_accuracy'])
-                if log is not None:
-                    log.log_epoch(self.step, record)
-                    log.sync()
-                    self._save_run(out_dir, improved)
-                if progress:
-                    tqdm.write(_summary_line(record, epochs))
-        finally:
-            if log is not None:
-                log.close()
-            lock.close()
-        return self.history
+        return _fit.fit(self, train_dataset, epochs=epochs, batch_size=batch_size, seed=seed,
+                        eval_dataset=eval_dataset, eval_batch_size=eval_batch_size,
+                        out_dir=out_dir, resume=resume, overwrite=overwrite,
+                        run_config=run_config, log_every=log_every, tensorboard=tensorboard,
+                        progress=progress)
 
-    def _open_run(self, out_dir: Path, resume: bool, overwrite: bool, epochs: int,
-                  expected: dict, tensorboard: Optional[bool], datasets: dict):
-        """Prepare the locked run directory: create it (``overwrite``: replace the run in it)
-        or restore its last checkpoint (``resume``, checking ``datasets``, keyed like their
-        fingerprints in ``expected['fit']``) and repair what a run killed after it left
-        behind; returns the scalar log (``None`` on other processes than the first)."""
-        if self._writer:   # again under the lock: another process may have written meanwhile
-            run_dir.check(out_dir, resume=resume, overwrite=overwrite)
-            run_dir.create(out_dir, overwrite=overwrite)
-        if resume:
-            self._restore(out_dir / run_dir.LAST_CHECKPOINT, expected, epochs=epochs,
-                          datasets=datasets)
-            if self._writer:
-                self._repair_run(out_dir)
-        self._fit_config = expected['fit']
-        if self._writer:
-            return logs.ScalarLog(out_dir, start_step=self.step, tensorboard=tensorboard)
-        return None
-
-    def _repair_run(self, out_dir: Path) -> None:
-        """Write what a run killed between its last checkpoint and the end of that epoch's
-        writes left behind (:func:`~braintrace_conv.training.run_dir.lagging`)."""
-        found = run_dir.lagging(out_dir, self.epoch, self.best)
-        if run_dir.BEST_CHECKPOINT in found:    # the last checkpoint is that epoch's best one
-            atomic_write(out_dir / run_dir.BEST_CHECKPOINT,
-                         (out_dir / run_dir.LAST_CHECKPOINT).read_bytes())
-        if run_dir.METRICS_NAME in found or run_dir.CURVE_NAME in found:
-            self.write_logs(out_dir)
-
-    def _train_epoch(self, dataset, batch_size: int, epochs: int, progress: bool, log,
-                     log_every: int) -> dict:
-        start = time.perf_counter()
-        skipped_before = self.skipped_updates
-        order_seed = int(self._rng.integers(2**31))
-        n_batches = dataset.num_batches(batch_size, drop_last=True)
-        bar = tqdm(self._batches('train_dataset', dataset, batch_size, shuffle=True,
-                                 seed=order_seed, drop_last=True),
-                   total=n_batches, desc=f'epoch {self.epoch + 1}/{epochs}',
-                   disable=not (progress and _bar_shown()),
-                   leave=False, unit='batch')
-        loss_sum, loss_count, correct, seen = 0.0, 0, 0, 0
-        for i, (xs, labels) in enumerate(bar):
-            loss, hits = self._train_batch(xs, labels)
-            if np.isfinite(loss):
-                loss_sum += loss * len(labels)
-                loss_count += len(labels)
-            correct += hits
-            seen += len(labels)
-            if log is not None and (i + 1) % log_every == 0:
-                log.log(self.step, epoch=self.epoch + 1, batch=i, loss=loss,
-                        accuracy=hits / len(labels), skipped_updates=self.skipped_updates,
-                        time_s=round(time.perf_counter() - start, 3))
-            bar.set_postfix(loss=f'{loss_sum / max(loss_count, 1):.3f}',
-                            acc=f'{correct / seen:.3f}')
-        bar.close()
-        return dict(epoch=self.epoch + 1,
-                    train_loss=loss_sum / loss_count if loss_count else float('nan'),
-                    train_accuracy=correct / seen,
-                    skipped_updates=self.skipped_updates - skipped_before,
-                    epoch_time_s=time.perf_counter() - start)
+    def check_fit(self, train_dataset, *, epochs: int, batch_size: int, seed: int = 0,
+                  eval_dataset=None, eval_batch_size: Optional[int] = None,
+                  out_dir: Union[str, os.PathLike, None] = None, resume: bool = False,
+                  overwrite: bool = False, run_config: Optional[dict] = None,
+                  log_every: int = 1) -> None:
+        """Check the arguments of :meth:`fit` as it does before it changes anything: each
+        argument, and the data sets against the model. Raises what :meth:`fit` would
+        raise for them; the run directory is checked by :meth:`fit` itself."""
+        _fit.check_arguments(self, train_dataset, eval_dataset, epochs=epochs,
+                             batch_size=batch_size, seed=seed, eval_batch_size=eval_batch_size,
+                             out_dir=out_dir, resume=resume, overwrite=overwrite,
+                             run_config=run_config, log_every=log_every)
 
     # ------------------------------------------------------------------ checkpoints
-    def _payload(self) -> tuple:
-        arrays = {f'param/{n}': np.asarray(v)
-                  for n, v in self._view.named(self._view.mantissas()).items()}
-        opt_arrays, opt_paths = checkpoint.tree_arrays('opt', self.opt_state)
-        arrays.update(opt_arrays)
-        arrays['rng/brainstate_key'] = np.asarray(
-            jax.random.key_data(brainstate.random.get_key()))
-        meta = dict(epoch=self.epoch, step=self.step, skipped_updates=self.skipped_updates,
-                    history=self.history, best=self.best, trainer=self.config(),
-                    run=self.run_config, fit=self._fit_config, devices=len(self.devices),
-                    units={n: str(unit) for n, unit in zip(self._view.names, self._view.units)},
-                    opt_paths=opt_paths,
-                    rng=None if self._rng is None else self._rng.bit_generator.state)
-        return arrays, meta
-
-    def _save_run(self, out_dir: Path, improved: bool) -> None:
-        arrays, meta = self._payload()
-        checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
-        if improved:
-            checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
-        self.write_logs(out_dir)
-
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Write the trainer's state to the checkpoint file ``path`` (atomically).
 
@@ -755,7 +625,7 @@ class Trainer:
         :mod:`braintrace_conv.training.checkpoint` for the format.
         """
         self._require_optimizer('save_checkpoint')
-        checkpoint.write(path, *self._payload())
+        checkpoint.write(path, *state.snapshot(self))
 
     def restore_checkpoint(self, path: Union[str, os.PathLike], *,
                            run_config: Optional[dict] = None) -> None:
@@ -777,50 +647,7 @@ class Trainer:
         expected = dict(trainer=self.config())
         if run_config is not None:
             expected['run'] = run_config
-        self._restore(Path(path), expected)
-
-    def _restore(self, path: Path, expected: dict, epochs: Optional[int] = None,
-                 datasets: Optional[dict] = None) -> None:
-        arrays, meta = checkpoint.read(path)
-        stored_epochs = meta.get('run', {}).get('epochs')
-        if (epochs is not None and expected.get('run', {}).get('epochs') == epochs
-                and isinstance(stored_epochs, int) and stored_epochs <= epochs):
-            # a run's length is fit's ``epochs``: a longer one continues a finished run
-            expected = dict(expected, run=dict(expected['run'], epochs=stored_epochs))
-        notes = []
-        for key, given in expected.items():
-            if key == 'fit' and datasets:
-                notes = _check_fit(meta, given, datasets, path)
-            else:
-                checkpoint.check_config(meta, key, given, path)
-        params = checkpoint.params_from(arrays, meta, self._view, path, cast=False)
-        opt_state = checkpoint.tree_from('opt', arrays,
-                                         checkpoint.field(meta, 'opt_paths', list, path),
-                                         self.opt_state, path, 'optimiser state')
-        counts = {k: checkpoint.field(meta, k, int, path)
-                  for k in ('epoch', 'step', 'skipped_updates')}
-        history = checkpoint.field(meta, 'history', list, path)
-        best = meta.get('best')
-        rng, key = _generators(meta.get('rng'), arrays.get('rng/brainstate_key'), path)
-        # everything is valid: only now change the trainer
-        self._set_params(params)
-        self.opt_state = self._parallel.replicate(opt_state)
-        self.epoch, self.step, self.skipped_updates = (counts['epoch'], counts['step'],
-                                                       counts['skipped_updates'])
-        self.history = history
-        self.best = best
-        self.run_config = meta.get('run', {})
-        self._fit_config = meta.get('fit', {})
-        self._rng = rng
-        brainstate.random.set_key(key)
-        for note in notes:
-            warnings.warn(note, RuntimeWarning, stacklevel=3)
-        trained_on = meta.get('devices', len(self.devices))
-        if trained_on != len(self.devices):
-            warnings.warn(f'{path} was trained on {trained_on} device(s), this Trainer has '
-                          f'{len(self.devices)}: the continued run equals an uninterrupted one '
-                          f'up to the rounding of the gradient\'s batch sum, not bitwise.',
-                          RuntimeWarning, stacklevel=3)
+        state.restore(self, Path(path), expected)
 
     def load_params(self, path: Union[str, os.PathLike], which: Optional[str] = None) -> dict:
         """Load only the parameters of a checkpoint, for inference (no optimiser needed).
@@ -836,10 +663,7 @@ class Trainer:
           floating values are cast to the model's dtype. Nothing changes
           unless everything matches.
         """
-        file = run_dir.checkpoint_file(path, which)
-        arrays, meta = checkpoint.read(file)
-        self._set_params(checkpoint.params_from(arrays, meta, self._view, file, cast=True))
-        return meta
+        return state.load_params(self, path, which)
 
     # ------------------------------------------------------------------ logs
     def metrics(self) -> dict:
@@ -852,7 +676,7 @@ class Trainer:
         """
         last = self.history[-1] if self.history else {}
         return dict(self.config(), devices=len(self.devices), run_config=self.run_config,
-                    epochs_completed=self.epoch, updates=self.step,
+                    epochs_completed=self.epoch, updates=self.updates,
                     skipped_updates=self.skipped_updates,
                     train_loss=[r['train_loss'] for r in self.history],
                     train_accuracy=[r['train_accuracy'] for r in self.history],
@@ -871,58 +695,3 @@ class Trainer:
                 logs.write_curve(out_dir, self.history, logs.run_title({**self.run_config,
                                                                          **self.config()}))
         return metrics
-
-
-def _check_fit(meta: dict, given: dict, datasets: dict, path) -> list:
-    """Check a checkpoint's ``fit`` settings against ``given``, and its data fingerprints
-    (``datasets``' keys) against the data sets at the version it stored
-    (:func:`~braintrace_conv.training.fingerprint.data_change`); raises
-    ``ConfigMismatchError``, else returns the warnings to give."""
-    stored = checkpoint.field(meta, 'fit', dict, path)
-    differences = checkpoint.config_differences(
-        {k: v for k, v in stored.items() if k not in datasets},
-        {k: v for k, v in given.items() if k not in datasets})
-    described, notes = {}, []
-    for key, dataset in datasets.items():
-        change, note = data_change(stored.get(key), dataset)
-        if change is not None:
-            differences[key] = (stored.get(key), given.get(key))
-            described[key] = change
-        if note is not None:
-            notes.append(f'{path}, {key}: {note}.')
-    if differences:
-        raise checkpoint.ConfigMismatchError(path, differences, described)
-    return notes
-
-
-def _generators(state, key_data, path) -> tuple:
-    """The shuffling generator and ``brainstate.random`` key of a checkpoint, checked."""
-    try:
-        rng = None
-        if state is not None:
-            rng = np.random.Generator(np.random.PCG64())
-            rng.bit_generator.state = state
-        key = jax.random.wrap_key_data(jnp.asarray(key_data, jnp.uint32))
-    except (TypeError, ValueError, KeyError) as err:
-        raise checkpoint.CheckpointError(f'{path} has invalid generator states: {err}') from None
-    return rng, key
-
-
-def _bar_shown() -> bool:
-    """Whether a progress bar can be drawn: in a notebook, or on a terminal (a bar redrawn
-    with carriage returns would fill a log file; the epoch lines are printed anyway)."""
-    notebook = any(c.__module__ == 'tqdm.notebook' for c in tqdm.__mro__)
-    return notebook or sys.stderr.isatty()
-
-
-def _summary_line(record: dict, epochs: int) -> str:
-    line = (f"epoch {record['epoch']}/{epochs}: train loss {record['train_loss']:.4f}, "
-            f"train acc {record['train_accuracy']:.1%}")
-    if record['skipped_updates']:
-        line += f", {record['skipped_updates']} update(s) skipped (non-finite)"
-    if 'test_accuracy' in record:
-        rates = ', '.join(f'{k} {v:.3f}' for k, v in record['spike_rates'].items())
-        line += f", test acc {record['test_accuracy']:.1%}"
-        if rates:
-            line += f", spike rates [{rates}]"
-    return line + f" ({record['epoch_time_s']:.1f} s)"

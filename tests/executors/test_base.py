@@ -81,11 +81,11 @@ def test_a_loss_capturing_an_array_compiles_per_object_and_warns_once():
 def test_a_nan_input_is_refused_naming_its_time_step(make):
     xs, ys = data(T=6)
     xs = xs.at[3, 1, 2].set(jnp.nan)
-    with pytest.raises(ValueError, match=r'xs holds a non-finite value .* at time step 3 of 6'):
+    with pytest.raises(ValueError, match=r'xs must be finite, got nan at t=3, b=1'):
         make(Tiny()).value_and_grad(xent, xs, ys)
     learner = make(Tiny())
     learner.reset(2)
-    with pytest.raises(ValueError, match=r'at time step 3 of 6.*check_finite=False'):
+    with pytest.raises(ValueError, match=r'got nan at t=3.*check_finite=False'):
         learner.advance(xent, xs, ys)
 
 
@@ -93,11 +93,11 @@ def test_non_finite_targets_are_refused_and_the_check_can_be_turned_off():
     xs, ys = data(T=4)
     regression = jnp.zeros((4, 2, 3)).at[2, 0, 0].set(jnp.inf)
     squared = lambda out, target: jnp.sum((out - target) ** 2)
-    with pytest.raises(ValueError, match='targets holds a non-finite value .* time step 2 of 4'):
+    with pytest.raises(ValueError, match='targets must be finite, got inf at t=2, b=0'):
         bc.D_RTRL(Tiny()).value_and_grad(squared, xs, regression)
     loss, _ = bc.D_RTRL(Tiny(), check_finite=False).value_and_grad(squared, xs, regression)
     assert not np.isfinite(loss)
-    with pytest.raises(TypeError, match='check_finite must be True or False'):
+    with pytest.raises(TypeError, match='check_finite must be True or False, got .yes.'):
         bc.BPTT(Tiny(), check_finite='yes')
 
 

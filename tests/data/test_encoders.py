@@ -67,5 +67,5 @@ def test_encoder_argument_errors():
         encoders.latency(jnp.asarray([[0.5]]), 4, code='exp')
     with pytest.raises(ValueError, match=r'xs must have at least 2 axes \(T, B, ...\)'):
         encoders.delta(jnp.asarray([0.5, 0.2]))
-    with pytest.raises(ValueError, match='threshold must be a positive float'):
+    with pytest.raises(ValueError, match='threshold must be a positive number'):
         encoders.delta(jnp.zeros((3, 1)), 0.0)

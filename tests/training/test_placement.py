@@ -38,6 +38,7 @@ SETUP = textwrap.dedent("""
     from braintrace_conv.data import synthetic_shd
     from braintrace_conv.models import recurrent_conv_snn
     from braintrace_conv.training import Trainer, weighted_cross_entropy
+    from braintrace_conv.training.placement import DataParallel
     brainstate.environ.set(precision=64)
     jax.config.update('jax_enable_x64', True)
 
@@ -58,7 +59,7 @@ SETUP = textwrap.dedent("""
         return tr
 
     def params(tr):
-        return {k: np.asarray(v) for k, v in tr._view.named(tr._view.mantissas()).items()}
+        return tr.params()
 """)
 
 LOCAL = SETUP + textwrap.dedent("""
@@ -100,13 +101,16 @@ LOCAL = SETUP + textwrap.dedent("""
         result[name]['hidden_shards'] = sorted({s.data.shape for s in hidden.addressable_shards})
         # the compiled whole-sequence step: every device runs B / 4 samples, one all-reduce
         xs, labels = next(train.batches(8, shuffle=False))
-        placed = four._placed(xs, labels, np.full(train.num_steps, 1 / train.num_steps))
-        hlo = four.learner.lower(weighted_cross_entropy, *placed).compile().as_text()
+        parallel = DataParallel(four.devices)          # the trainer's placement, rebuilt
+        xs, step_labels = parallel.shard((xs, np.broadcast_to(labels, (train.num_steps,) + labels.shape)))
+        step_weights = parallel.replicate(np.full(train.num_steps, 1 / train.num_steps))
+        hlo = four.learner.lower(weighted_cross_entropy, xs,
+                                 (step_labels, step_weights)).compile().as_text()
         result[name].update(
             all_reduces=len(re.findall(r'all-reduce\\(', hlo)),
             conv1_batches=sorted({int(b) for b in re.findall(r'f64\\[(\\d+),2,48\\]', hlo)}),
-            param_devices=sorted({len(v.sharding.device_set) for v in
-                                  four._view.mantissas().values()}))
+            param_devices=sorted({len(st.value.sharding.device_set) for st in
+                                  four.model.states(brainstate.ParamState).values()}))
     errors = []
     for call in (lambda: fit(trainer('BPTT', 4), batch_size=6),
                  lambda: trainer('BPTT', 4).train_batch(*next(train.batches(6)))):
@@ -211,11 +215,11 @@ def test_resume_on_the_same_devices_is_bitwise_on_others_warns(runs):
 
 def test_batch_size_not_a_multiple_of_the_devices(runs):
     fit_error, batch_error = runs[1]['errors']
-    assert fit_error == ('batch_size must be a multiple of the 4 devices of this Trainer (each '
-                         'takes an equal share of the batch), got 6; use a multiple of 4 such '
-                         'as 4, or other devices (Trainer(..., devices=...)).')
+    assert fit_error == ('batch_size must be a multiple of the number of devices (4), got 6; each '
+                         'device takes an equal share of the batch: use a multiple of 4 such as '
+                         '4, or other devices (Trainer(..., devices=...)).')
     assert batch_error.startswith('the batch size B of xs (T, B, ...) must be a multiple of the '
-                                  '4 devices')
+                                  'number of devices (4)')
 
 
 def test_command_line_on_four_devices(runs):
@@ -280,8 +284,8 @@ def test_a_streamed_dataset_trains_as_the_same_data_in_memory():
     b.fit(streamed, epochs=1, batch_size=8, eval_dataset=streamed, progress=False)
     assert a.history[0]['train_loss'] == b.history[0]['train_loss']
     assert a.history[0]['test_accuracy'] == b.history[0]['test_accuracy']
-    for k, v in a._view.named(a._view.mantissas()).items():
-        np.testing.assert_array_equal(v, b._view.named(b._view.mantissas())[k])
+    for name, value in a.params().items():
+        np.testing.assert_array_equal(value, b.params()[name])
 
 
 def test_streamed_frames_are_checked_batch_by_batch():
@@ -295,12 +299,12 @@ def test_streamed_frames_are_checked_batch_by_batch():
     streamed = StreamingEventDataset(range(8), data.labels, read=recordings.__getitem__,
                                      to_frames=to_frames, num_classes=3)
     tr = conv1d_trainer()
-    before = {k: np.array(v) for k, v in tr._view.named(tr._view.mantissas()).items()}
+    before = tr.params()
     with pytest.raises(ValueError, match=r'train_dataset events \(batch 0\) must be finite, got '
                                          r'nan at t=2, b=0, channel=0, position=7'):
         tr.fit(streamed, epochs=1, batch_size=8, progress=False, seed=0)
-    assert tr.step == 0 and all(np.array_equal(v, np.asarray(tr._view.named(
-        tr._view.mantissas())[k])) for k, v in before.items())
+    assert tr.updates == 0 and all(np.array_equal(value, tr.params()[name])
+                                   for name, value in before.items())
 
 
 def test_in_memory_events_of_any_rank_name_the_bad_position():

@@ -1,7 +1,6 @@
-"""Losses of whole sequences: values against numpy, gradients of the two-pass training
-against autodiff through the unrolled network (float64), and their use in Trainer."""
+"""The losses: every loss against NumPy, sequence losses and the rate regulariser trained
+exactly (against the gradient of the unrolled sequence), and their errors."""
 import brainstate
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -13,8 +12,8 @@ from braintrace_conv.data import EventDataset
 from braintrace_conv.training import Trainer
 from braintrace_conv.training.loss import (LOSSES, SEQUENCE_LOSSES, predicted_labels,
                                            sequence_loss, step_weights)
-from snn_reference import EXACT, rel_err
 
+from snn_reference import EXACT, rel_err
 
 pytestmark = pytest.mark.usefixtures('float64')
 
@@ -121,7 +120,7 @@ def test_sequence_loss_in_fit_and_evaluate():
                       target_rates=(0.9, 0.05), devices=1)
     assert trainer.config()['target_rates'] == [0.9, 0.05]
     history = trainer.fit(data, epochs=1, batch_size=4, eval_dataset=data, progress=False)
-    assert np.isfinite(history[0]['train_loss']) and trainer.step == 2
+    assert np.isfinite(history[0]['train_loss']) and trainer.updates == 2
     metrics = trainer.evaluate(data, batch_size=8)
     scores = trainer.learner.predict(jnp.asarray(np.moveaxis(data.events, 0, 1),
                                                  jnp.float64))
@@ -132,7 +131,9 @@ def test_sequence_loss_in_fit_and_evaluate():
 
 def test_sequence_loss_errors():
     model = Net()
-    with pytest.raises(ValueError, match="loss 'count_ce' is a loss of the whole sequence"):
+    with pytest.raises(ValueError, match=r"^loss must be a per-step loss \(every_step, final\) "
+                                         r"with update_every \(2\), got 'count_ce'; a loss of "
+                                         r"the whole sequence needs the outputs of every step"):
         Trainer(bc.D_RTRL(model), optax.sgd(0.1), loss='count_ce', update_every=2)
     with pytest.raises(ValueError, match='target_rates must be two rates'):
         Trainer(bc.D_RTRL(model), optax.sgd(0.1), loss='count_mse', target_rates=(2, 0))
@@ -180,87 +181,14 @@ def test_rate_regulariser_errors():
                 devices=1).value_and_grad(np.zeros((2, 2, 2, 5, 5)), np.zeros(2, int))
     with pytest.raises(ValueError, match='rate_targets must be a dict'):
         Trainer(bc.D_RTRL(SpikingNet()), optax.sgd(0.1), rate_targets={'hidden': 3})
-    with pytest.raises(ValueError, match='the firing-rate regulariser'):
+    with pytest.raises(ValueError, match=r"^rate_targets must be empty with update_every \(2\), "
+                                         r"got \{'hidden': 0.1\}; the firing-rate regulariser"):
         Trainer(bc.D_RTRL(SpikingNet()), optax.sgd(0.1), rate_targets={'hidden': 0.1},
                 update_every=2)
 
 
-# ----------------------------------------------------------------------------- spike rates
-class ResetAfterSpike(brainstate.nn.Module):
-    """A user-written neuron that stores V after the reset: no spike() to call."""
-
-    def __init__(self, shape):
-        super().__init__()
-        self.shape = shape
-
-    def init_state(self, batch_size=None, **kw):
-        self.v = brainstate.HiddenState(jnp.zeros((batch_size, *self.shape)))
-
-    def update(self, x):
-        v = 0.8 * self.v.value + x
-        z = nn.surrogate.Sigmoid()(v - 1.0)
-        self.v.value = v - z
-        return z
-
-
-class UserNet(brainstate.nn.Module):
-    def __init__(self, neuron, returns_spikes):
-        super().__init__()
-        self.conv = nn.Conv2d(2, 3, 3, layout='channels_first', w_init=nn.FanInNormal(6.0))
-        self.neu, self.returns_spikes = neuron, returns_spikes
-        self.flat, self.readout = nn.Flatten(), nn.Linear(75, 3)
-
-    def update(self, x):
-        z = self.neu(self.conv(x))
-        scores = self.readout(self.flat(z))
-        return (scores, {'neu': z}) if self.returns_spikes else scores
-
-
-def _rates_of(model, data):
-    trainer = Trainer(bc.BPTT(model), optax.sgd(0.1), devices=1)
-    xs = jnp.asarray(np.moveaxis(data.events, 0, 1), jnp.float64)
-    brainstate.nn.init_all_states(model, len(data.labels))
-    spikes = []
-    for x in xs:
-        out = model(x)
-        spikes.append(out[1]['neu'] if model.returns_spikes else model.neu.get_spike())
-    expected = float(np.mean(spikes))
-    return trainer, trainer.evaluate(data, batch_size=8)['spike_rates'], expected
-
-
-def test_spike_rates_of_returned_spikes_and_of_get_spike(capsys):
-    rng = np.random.default_rng(8)
-    data = EventDataset((rng.random((8, 4, 2, 5, 5)) < 0.5).astype(np.float32),
-                        rng.integers(0, 3, 8), 3)
-    brainstate.random.seed(9)
-    trainer, rates, expected = _rates_of(UserNet(ResetAfterSpike((3, 5, 5)), True), data)
-    assert trainer.spiking_layers == {} and set(rates) == {'neu'}
-    assert 0 < expected < 1 and rates['neu'] == pytest.approx(expected, rel=1e-6)
-    bs = pytest.importorskip('brainpy.state')
-    import saiunit as u
-    brainstate.random.seed(9)
-    neuron = bs.LIF((3, 5, 5), tau=5 * u.ms, V_th=1 * u.mV, R=1 * u.ohm)
-    model = UserNet(neuron, False)
-    model.conv.weight.value = model.conv.weight.value * 10 * u.mA   # strong enough to spike
-    model.conv.bias.value = (model.conv.bias.value + 1) * u.mA
-    with brainstate.environ.context(dt=1 * u.ms):
-        trainer, rates, expected = _rates_of(model, data)
-    assert list(trainer.spiking_layers) == ['neu'] and 0 < expected < 1
-    assert rates['neu'] == pytest.approx(expected, rel=1e-6)
-
-
-def test_progress_line_names_spike_rates_only_when_there_are_some():
-    from braintrace_conv.training.trainer import _summary_line
-    record = dict(epoch=1, train_loss=0.5, train_accuracy=0.5, skipped_updates=0,
-                  epoch_time_s=1.0, test_accuracy=0.5, spike_rates={})
-    assert 'spike rates' not in _summary_line(record, 1)
-    record['spike_rates'] = {'neu': 0.25}
-    assert 'spike rates [neu 0.250]' in _summary_line(record, 1)
-
-
-def test_subpackages_are_attributes_of_the_package():
-    import subprocess
-    import sys
-    code = 'import braintrace_conv as bc; print(bc.nn.LIF.__name__, bc.data.encoders.__name__)'
-    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ['LIF', 'braintrace_conv.data.encoders']
+def test_step_weights():
+    np.testing.assert_array_equal(step_weights('every_step', 4), [0.25] * 4)
+    np.testing.assert_array_equal(step_weights('final', 4, 2), [0, 0, 0.5, 0.5])
+    with pytest.raises(ValueError, match=r'^final_steps must be at most num_steps \(1\), got 2'):
+        step_weights('final', 1, 2)

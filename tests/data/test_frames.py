@@ -1,20 +1,141 @@
-"""Events of any rank into frames: a plain-loop reference, tonic itself, SHD-like data, Conv1d training."""
-
+"""Events of any rank into frames: hand-computed bins, a plain-loop reference and tonic itself."""
 import math
 from fractions import Fraction
 
-import brainstate
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-import braintrace_conv as bc
-from braintrace_conv import nn
-from braintrace_conv.data import EventDataset, events_to_frames, synthetic_shd
+from braintrace_conv.data import events_to_frames, synthetic_shd
 from braintrace_conv.data.spoken_digits import EVENT_DTYPE as SHD_DTYPE
 
+EVENT_DTYPE = np.dtype([("x", np.int64), ("y", np.int64), ("t", np.int64), ("p", np.int64)])
+
+
+FLOAT_X_DTYPE = np.dtype([("x", np.float64), ("y", np.int64), ("t", np.int64), ("p", np.int64)])
+
+
+def make_events(records, dtype=EVENT_DTYPE):
+    return np.array([tuple(r) for r in records], dtype=dtype)
+
+
+# Sensor of width 3 and height 2 (tonic order: W, H, P).
+SENSOR = (3, 2, 2)
+
+
+HAND_EVENTS = [
+    # x, y,   t, p
+    (0, 0, 1000, 1),
+    (2, 1, 1050, 0),
+    (1, 0, 1099, 1),
+    (1, 0, 1100, 1),
+    (1, 1, 1020, 0),
+]
+
+
+class TestEventsToFrames:
+    def test_hand_computed_time_bins(self):
+        frames = events_to_frames(make_events(HAND_EVENTS), sensor_size=SENSOR, n_time_bins=2)
+        expected = np.zeros((2, 2, 2, 3), dtype=np.float32)
+        expected[0, 0, 0, 0] = 1  # t=1000 -> bin 0, ON at row 0, col 0
+        expected[0, 1, 1, 1] = 1  # t=1020 -> bin 0, OFF at row 1, col 1
+        expected[1, 1, 1, 2] = 1  # t=1050 -> bin 1 (boundary), OFF at row 1, col 2
+        expected[1, 0, 0, 1] = 2  # t=1099 and the last event t=1100 -> bin 1
+        assert frames.dtype == np.float32
+        np.testing.assert_array_equal(frames, expected)
+
+    def test_hand_computed_time_window(self):
+        frames = events_to_frames(make_events(HAND_EVENTS), sensor_size=SENSOR, time_window_us=40)
+        # Bins [1000, 1040), [1040, 1080), [1080, 1120).
+        assert frames.shape == (3, 2, 2, 3)
+        np.testing.assert_array_equal(frames.sum(axis=(1, 2, 3)), [2, 1, 2])
+        assert frames[2, 0, 0, 1] == 2 and frames[1, 1, 1, 2] == 1
+
+    @pytest.mark.parametrize(
+        "polarity, dtype",
+        [
+            ([1, 0, 1, 1, 0], np.int64),
+            ([1, -1, 1, 1, -1], np.int8),
+            ([True, False, True, True, False], bool),
+        ],
+    )
+    def test_polarity_codings_agree(self, polarity, dtype):
+        event_dtype = np.dtype(
+            [("t", np.float64), ("x", np.uint16), ("y", np.uint16), ("p", dtype)]
+        )
+        records = [(t, x, y, p) for (x, y, t, _), p in zip(HAND_EVENTS, polarity)]
+        events = make_events(records, event_dtype)
+        frames = events_to_frames(events, sensor_size=SENSOR, n_time_bins=2)
+        reference = events_to_frames(make_events(HAND_EVENTS), sensor_size=SENSOR, n_time_bins=2)
+        np.testing.assert_array_equal(frames, reference)
+
+    def test_degenerate_inputs(self):
+        same_time = make_events([(0, 0, 5, 1), (1, 1, 5, 0)])
+        frames = events_to_frames(same_time, sensor_size=SENSOR, n_time_bins=3)
+        assert frames[0].sum() == 2 and frames[1:].sum() == 0
+        empty = make_events([])
+        assert events_to_frames(empty, sensor_size=SENSOR, n_time_bins=4).shape == (4, 2, 2, 3)
+        by_window = events_to_frames(empty, sensor_size=SENSOR, time_window_us=10.0)
+        assert by_window.shape == (0, 2, 2, 3)
+
+    @settings(max_examples=25, deadline=None)
+    @given(
+        data=st.lists(
+            st.tuples(st.integers(0, 6), st.integers(0, 4), st.integers(0, 10**6), st.booleans()),
+            min_size=1,
+            max_size=60,
+        ),
+        n_bins=st.integers(1, 9),
+    )
+    def test_counts_are_preserved(self, data, n_bins):
+        events = make_events(data)
+        frames = events_to_frames(events, sensor_size=(7, 5, 2), n_time_bins=n_bins)
+        assert frames.shape == (n_bins, 2, 5, 7)
+        assert frames[:, 0].sum() == events["p"].sum()
+        assert frames[:, 1].sum() == len(events) - events["p"].sum()
+        per_pixel = np.zeros((5, 7))
+        np.add.at(per_pixel, (events["y"], events["x"]), 1)
+        np.testing.assert_array_equal(frames.sum(axis=(0, 1)), per_pixel)
+
+    @pytest.mark.parametrize(
+        "records, dtype, error, match",
+        [
+            (None, None, TypeError, "structured array"),
+            ([(0, 0, 0)], [("x", int), ("y", int), ("t", int)], ValueError, r"missing \['p'\]"),
+            ([(3, 0, 0, 1)], EVENT_DTYPE, ValueError, r"'x' must lie in \[0, 3\)"),
+            ([(0, 2, 0, 1)], EVENT_DTYPE, ValueError, r"'y' must lie in \[0, 2\)"),
+            ([(0.5, 0, 0, 1)], FLOAT_X_DTYPE, ValueError, "integer pixel coordinates"),
+            ([(0, 0, 0, 2)], EVENT_DTYPE, ValueError, "0/1, -1/1 or bool"),
+            ([(0, 0, 0, -1), (0, 0, 1, 0)], EVENT_DTYPE, ValueError, "0/1, -1/1 or bool"),
+        ],
+    )
+    def test_rejects_invalid_events(self, records, dtype, error, match):
+        events = np.zeros((3, 4)) if records is None else make_events(records, np.dtype(dtype))
+        with pytest.raises(error, match=match):
+            events_to_frames(events, sensor_size=SENSOR, n_time_bins=2)
+
+    @pytest.mark.parametrize(
+        "kwargs, error, match",
+        [
+            ({"time_window_us": 5.0, "event_count": 3}, ValueError, "at most one of"),
+            ({"n_time_bins": None}, ValueError, "give n_time_bins, time_window_us or"),
+            ({"n_time_bins": 0}, ValueError, "n_time_bins must be a positive integer"),
+            ({"n_time_bins": None, "time_window_us": -1.0}, ValueError, "time_window_us must be"),
+            ({"sensor_size": (3, 2)}, ValueError, r"need sensor_size \(X, Y, P\)"),
+            ({"sensor_size": 3}, TypeError, r"sensor_size must be \(X, P\), \(X, Y, P\)"),
+            ({"sensor_size": (3, 2, 4)}, ValueError, "must be 1 or 2"),
+        ],
+    )
+    def test_rejects_invalid_arguments(self, kwargs, error, match):
+        kwargs = {"sensor_size": SENSOR, "n_time_bins": 2, **kwargs}
+        with pytest.raises(error, match=match):
+            events_to_frames(make_events([(0, 0, 0, 1)]), **kwargs)
+
+
 FIELDS = {1: ("x",), 2: ("x", "y"), 3: ("x", "y", "z")}
+
+
 # Sensor extents in tonic's order (x first); frames list them reversed.
 EXTENTS = {1: (7,), 2: (5, 3), 3: (4, 3, 2)}
 
@@ -136,7 +257,7 @@ class TestAgainstPlainReference:
             ([("t", int), ("x", int), ("p", int)], (4, 1, 3), 1, ValueError,
              r"sensor_size\[-1\] \(polarities\) must be 1 or 2"),
             ([("t", int), ("x", int), ("p", int)], (4, 0, 1), 1, ValueError,
-             r"sensor_size\[1\] must be positive"),
+             r"sensor_size\[1\] must be a positive integer"),
         ],
     )
     def test_validation_names_what_was_expected(self, dtype, sensor_size, p, error, match):
@@ -156,6 +277,7 @@ class TestAgainstTonic:
     @staticmethod
     def theirs(events, sensor_size, **kwargs):
         import tonic
+
         # tonic writes into events['p'] for one-polarity sensors: give it a copy.
         frames = tonic.transforms.ToFrame(sensor_size=sensor_size, **kwargs)(events.copy())
         # tonic orders channels by polarity value (OFF first); ours are ON first.
@@ -194,117 +316,3 @@ class TestAgainstTonic:
                                  end_time=200_000.0)
             assert theirs.shape == frames.shape == (20, 1, 700)
             np.testing.assert_array_equal(frames, theirs)
-
-
-class TestSyntheticSHD:
-    def test_format_balance_and_consistency_with_its_events(self):
-        ds, recordings = synthetic_shd(40, num_classes=4, T=20, duration_ms=300.0, seed=1)
-        assert isinstance(ds, EventDataset) and ds.name == "synthetic_shd"
-        assert ds.events.shape == (40, 20, 1, 700) and ds.num_classes == 4
-        np.testing.assert_array_equal(ds.class_counts(), [10, 10, 10, 10])
-        assert len(recordings) == 40
-        for events, frames in zip(recordings, ds.events):
-            assert events.dtype == SHD_DTYPE and (events["p"] == 1).all()
-            assert np.all(np.diff(events["t"]) >= 0)
-            assert events["t"].min() >= 0 and events["t"].max() < 300_000
-            assert events["x"].min() >= 0 and events["x"].max() < 700
-            np.testing.assert_array_equal(
-                frames, events_to_frames(events, sensor_size=(700, 1, 1), n_time_bins=20,
-                                         time_window_us=15_000.0, t_start_us=0))
-            assert frames.sum() == len(events)
-
-    def test_rates_match_the_parameters(self):
-        # Background only: Poisson spikes at background_hz on every channel.
-        ds, recordings = synthetic_shd(20, n_channels=100, duration_ms=500.0,
-                                       band_rate_hz=0.0, background_hz=4.0, seed=2)
-        counts = np.array([len(e) for e in recordings])
-        expected = 4.0 * 0.5 * 100
-        assert abs(counts.mean() - expected) < 4 * math.sqrt(expected / len(counts))
-        # Bands only: spikes concentrate in the utterance, which lasts 0.6 * speed of it.
-        ds, recordings = synthetic_shd(20, duration_ms=500.0, background_hz=0.0,
-                                       speed=(1.0, 1.0), seed=2)
-        spans = [e["t"].max() - e["t"].min() for e in recordings]
-        assert max(spans) <= 0.6 * 500_000 and min(spans) > 0.4 * 500_000
-
-    def test_seeds_and_templates(self):
-        a, _ = synthetic_shd(12, T=10, duration_ms=100.0, seed=5)
-        b, _ = synthetic_shd(12, T=10, duration_ms=100.0, seed=5)
-        c, _ = synthetic_shd(12, T=10, duration_ms=100.0, seed=6)
-        np.testing.assert_array_equal(a.events, b.events)
-        assert not np.array_equal(a.events, c.events)
-        # Same template_seed, different seed: the same words (a class's mean spectrum,
-        # without shifts or jitter, in blocks of 10 channels against Poisson noise), so
-        # train and test sets can be drawn apart.
-        kwargs = dict(num_classes=2, T=1, duration_ms=200.0, channel_shift=0,
-                      formant_jitter=0.0, background_hz=0.0, speed=(1.0, 1.0))
-        first, _ = synthetic_shd(100, seed=0, **kwargs)
-        second, _ = synthetic_shd(100, seed=1, **kwargs)
-        other, _ = synthetic_shd(100, seed=0, template_seed=1, **kwargs)
-
-        def spectra(ds):
-            return np.stack([ds.events[ds.labels == k].mean(axis=(0, 1, 2)).reshape(70, 10)
-                             .sum(axis=1) for k in range(2)])
-
-        def distance(u, v):
-            return np.abs(u - v).sum() / np.abs(u).sum()
-
-        assert distance(spectra(first), spectra(second)) < 0.15
-        assert distance(spectra(first), spectra(other)) > 0.5
-
-    @pytest.mark.parametrize(
-        "kwargs, error, match",
-        [
-            (dict(speed=(0.9, 1.7)), ValueError, "speed must stay below 1.667"),
-            (dict(channel_shift=-1), ValueError, "channel_shift must be non-negative"),
-            (dict(channel_shift=1.5), TypeError, "channel_shift must be an int"),
-            (dict(band_width=0.0), ValueError, "band_width must be positive"),
-            (dict(T=0), ValueError, "T must be positive"),
-        ],
-    )
-    def test_validation(self, kwargs, error, match):
-        with pytest.raises(error, match=match):
-            synthetic_shd(4, **kwargs)
-
-
-class Conv1dSNN(brainstate.nn.Module):
-    """Conv1d over the 700 channels, LIF, pooling, dense readout into a leaky integrator."""
-
-    def __init__(self, num_classes, tau=20.0):
-        super().__init__()
-        self.conv = nn.Conv1d(1, 8, 15, stride=5, layout="channels_first")   # (8, 140)
-        self.lif = nn.LIF((8, 140), tau=tau)
-        self.pool = nn.AvgPool1d(7, layout="channels_first")                 # (8, 20)
-        self.flat = nn.Flatten()
-        self.fc = nn.Linear(8 * 20, num_classes)
-        self.out = nn.LI(num_classes, tau=tau)
-
-    def update(self, x):                        # x: (B, 1, 700), one time step
-        return self.out(self.fc(self.flat(self.pool(self.lif(self.conv(x))))))
-
-
-def test_conv1d_snn_learns_synthetic_shd_online():
-    T, tau, epochs = 25, 20.0, 6
-    ds, _ = synthetic_shd(400, T=T, duration_ms=10.0 * T, seed=0)
-    train, test = ds.split(0.25, seed=0)
-    brainstate.random.seed(0)
-    net = Conv1dSNN(ds.num_classes, tau)
-    learner = bc.ES_D_RTRL(net, decay=math.exp(-1 / tau))
-    params = net.states(brainstate.ParamState)
-    optimizer = optax.adam(1e-2)
-    opt_state = optimizer.init({k: p.value for k, p in params.items()})
-
-    def loss_fn(scores, labels):                # every step, averaged over T
-        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(scores, labels)) / T
-
-    for epoch in range(epochs):
-        for xs, labels in train.batches(32, seed=epoch, drop_last=True):
-            _, grads = learner.value_and_grad(loss_fn, jnp.asarray(xs),
-                                              jnp.broadcast_to(labels, (T, len(labels))))
-            values = {k: p.value for k, p in params.items()}
-            updates, opt_state = optimizer.update(grads, opt_state, values)
-            for k, v in optax.apply_updates(values, updates).items():
-                params[k].value = v
-    xs, labels = next(test.batches(len(test), shuffle=False))
-    scores = np.asarray(learner.predict(jnp.asarray(xs)))
-    accuracy = np.mean(scores.sum(axis=0).argmax(axis=-1) == labels)
-    assert accuracy > 0.5, accuracy                 # chance: 0.1

@@ -1,22 +1,53 @@
-"""The braintrace-conv command: tiny end-to-end runs, evaluate, resume and overwrite.
-
-User errors (one line, exit code 2, nothing written) are in test_cli_bad_inputs.py.
-"""
+"""``braintrace-conv train``: tiny end-to-end runs, resume, overwrite, interruption and the run
+directory's lock."""
+import csv
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 
 from braintrace_conv.cli import main
-from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, SCALARS_NAME,
-                                      Trainer, checkpoint, logs)
+from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, SCALAR_COLUMNS,
+                                      SCALARS_NAME, Trainer, checkpoint, logs)
 
-TINY = ['--epochs', '1', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
-        '--batch-size', '12', '--quiet']
+from cli_runs import AUDIO, EVENT_TINY, TINY, TRAIN, error_line, files_of, refused
+
+RUN_DIRECTORIES = [  # refused: nothing on disk is created or changed
+    ([*TRAIN, '--out', '{run}'], r'--out .*run already holds a run \(checkpoint-last.npz, '
+                                 r'checkpoint-best.npz, .*pass --resume to continue it or '
+                                 r'--overwrite to replace it'),
+    ([*TRAIN, '--out', '{run}', '--resume', '--overwrite'],
+     'argument --overwrite: not allowed with argument --resume'),
+    ([*TRAIN, '--out', '{empty}', '--resume'],
+     r'--resume: .*empty has no checkpoint \(checkpoint-last.npz\) to resume'),
+    ([*TRAIN, '--out', '{run}', '--resume', '--update-every', '2'],
+     r'--resume: the run in .* was trained with other options: --update-every unset \(now 2\); '
+     r'give the same options, or another --out'),
+    ([*TRAIN, '--out', '{run}', '--resume', '--channels', '4,8', '--task', 'digits'],
+     r'other options: --channels 2,4 \(now 4,8\), --task moving-bars \(now digits\)'),
+    ([*TRAIN, '--out', '{corrupt}', '--resume'], '--resume: .* is corrupt'),
+    ([*TRAIN, '--out', '{pickle}', '--resume'], '--resume: .* never unpickled'),
+    ([*TRAIN, '--out', '{file}'], '--out: .*file exists and is not a directory'),
+    ([*TRAIN, '--out', '{dangling}'],
+     '--out: .*dangling is a symbolic link to .*nowhere, which does not exist'),
+    ([*TRAIN, '--out', '{linked}', '--resume'],
+     r'--out: .*linked holds symbolic links among its run files \(tensorboard\); run files '
+     r'are never written through links'),
+    ([*TRAIN, '--out', '/proc/no-such-dir/run'],
+     '--out /proc/no-such-dir/run cannot be written: No such file or directory'),
+]
+
+
+@pytest.mark.parametrize('argv, match', RUN_DIRECTORIES)
+def test_a_refused_run_directory_is_one_line_and_changes_nothing(root, capsys, argv, match):
+    refused(root, capsys, argv, match)
+
 REQUIRED = {'test_accuracy', 'train_loss', 'algorithm', 'task', 'wall_time_s', 'peak_rss_mb',
             'run_config', 'skipped_updates'}
 
@@ -55,38 +86,6 @@ def test_delayed_bars_run_keeps_its_task_options(tmp_path, capsys):
     capsys.readouterr()
     assert main(['evaluate', '--run', str(tmp_path)]) == 0     # rebuilt from the stored options
     assert 'delayed-bars, 16 test samples' in capsys.readouterr().out
-
-
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp('cli') / 'run'
-    assert main(['train', *TINY, '--out', str(out)]) == 0
-    return out
-
-
-def test_evaluate_reports_the_saved_run(run, capsys):
-    capsys.readouterr()
-    assert main(['evaluate', '--run', str(run)]) == 0
-    best = json.loads((run / 'metrics.json').read_text())['best']
-    line = capsys.readouterr().out
-    assert f"{BEST_CHECKPOINT} (epoch {best['epoch']})" in line
-    assert f"test accuracy {best['test_accuracy']:.1%}" in line and 'spike rates' in line
-
-
-def test_warnings_are_one_line_on_stderr(run, capsys, monkeypatch):
-    import warnings
-
-    from braintrace_conv.training import Trainer
-    original = Trainer.load_params
-
-    def load_params(self, *args, **kwargs):
-        warnings.warn('a warning\n  over two lines', RuntimeWarning)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Trainer, 'load_params', load_params)
-    capsys.readouterr()
-    assert main(['evaluate', '--run', str(run)]) == 0
-    assert capsys.readouterr().err == 'braintrace-conv: warning: a warning over two lines\n'
 
 
 def test_resuming_a_finished_run_says_so_and_changes_nothing(run, capsys):
@@ -166,17 +165,6 @@ def test_interrupt_says_how_to_continue(tmp_path, capsys, monkeypatch, epochs_do
         assert list(tmp_path.iterdir()) == []
 
 
-def test_help_and_version(capsys):
-    assert main(['train', '--help']) == 0
-    text = capsys.readouterr().out
-    assert all(option in text for option in ('--update-every', '--resume', '--overwrite',
-                                             '--nonfinite', '--log-every', '--window',
-                                             '--delay', '--cues', '--clip-norm',
-                                             'delayed-bars'))
-    assert main(['--version']) == 0
-    assert capsys.readouterr().out.startswith('braintrace-conv ')
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('task, target', [('moving-bars', 0.90), ('digits', 0.85)])
 def test_default_run_reaches_target_accuracy(tmp_path, task, target):
@@ -184,15 +172,6 @@ def test_default_run_reaches_target_accuracy(tmp_path, task, target):
     metrics = json.loads((tmp_path / 'metrics.json').read_text())
     assert metrics['test_accuracy'] >= target
     assert metrics['wall_time_s'] < 600
-
-
-def error_line(capsys) -> str:
-    """The one error line of a refused command (after its usage line), with no traceback."""
-    err = capsys.readouterr().err
-    assert 'Traceback' not in err
-    usage, error = err.rstrip('\n').split('\n')
-    assert usage.startswith('usage: braintrace-conv') and error.startswith('braintrace-conv: ')
-    return error
 
 
 def copy_of(run, out):
@@ -243,24 +222,6 @@ def test_a_locked_run_directory_names_its_holder(run, tmp_path, capsys):
     assert (out / LAST_CHECKPOINT).read_bytes() == (run / LAST_CHECKPOINT).read_bytes()
 
 
-def test_evaluate_checks_the_stored_options(run, tmp_path, capsys):
-    arrays, meta = checkpoint.read(run / LAST_CHECKPOINT)
-    for change, match in [
-            (dict(samples=-5), r'--run: the run options stored in .* are not valid: --samples '
-                               r'must be positive, got -5'),
-            (dict(task='cifar'), r"not valid: argument --task: invalid choice: 'cifar'"),
-            (dict(channels='x'), r'not valid: argument --channels: expected comma-separated')]:
-        out = tmp_path / 'forged'
-        out.mkdir(exist_ok=True)
-        checkpoint.write(out / LAST_CHECKPOINT, arrays, dict(meta, run=dict(meta['run'],
-                                                                             **change)))
-        assert main(['evaluate', '--run', str(out)]) == 2
-        error = error_line(capsys)
-        assert re.search(match, error), error
-    # a batch larger than the test set is only as large as the test set
-    assert main(['evaluate', '--run', str(run), '--batch-size', '1000000000']) == 0
-
-
 def test_an_impossible_learning_rate_is_named(tmp_path):
     # in float32 (the default; the suite runs in float64) every update overflows
     done = subprocess.run([sys.executable, '-m', 'braintrace_conv.cli', 'train', *TINY, '--lr',
@@ -290,7 +251,9 @@ def test_train_and_evaluate_with_a_sequence_loss(tmp_path, capsys):
     assert 'test loss' in capsys.readouterr().out
     assert main(['train', *TINY, '--loss', 'max-membrane', '--update-every', '2',
                  '--out', str(tmp_path / 'online')]) == 2
-    assert "loss 'max_membrane' is a loss of the whole sequence" in capsys.readouterr().err
+    assert ("--loss must be a per-step loss (every_step, final) with --update-every (2), got "
+            "'max_membrane'; a loss of the whole sequence needs the outputs of every step."
+            in capsys.readouterr().err)
 
 
 def test_train_with_the_rate_regulariser(tmp_path):
@@ -303,3 +266,112 @@ def test_train_with_the_rate_regulariser(tmp_path):
     assert set(metrics['history'][0]['spike_rates']) == {'blocks.0.neuron', 'blocks.1.neuron'}
     assert main(['train', *TINY, '--rate-target', '0.1', '0.1', '0.1',
                  '--out', str(tmp_path / 'bad')]) == 2
+
+
+def test_an_overwrite_that_cannot_move_a_run_file_changes_nothing(root, tmp_path, capsys,
+                                                                   monkeypatch):
+    out = tmp_path / 'run'
+    shutil.copytree(root / 'run', out)
+    before, names = files_of(out), sorted(os.listdir(out))
+    rename = os.rename
+
+    def refused(src, dst):     # e.g. a directory without write permission cannot be moved
+        if os.path.basename(src) == CURVE_NAME:
+            raise PermissionError(13, 'Permission denied')
+        return rename(src, dst)
+
+    monkeypatch.setattr(os, 'rename', refused)
+    capsys.readouterr()
+    assert main([*TRAIN, '--out', str(out), '--overwrite']) == 1
+    captured = capsys.readouterr()
+    assert captured.err == (f'braintrace-conv: error: [Errno 13] cannot replace the run in {out}: '
+                            f'{out / CURVE_NAME} cannot be moved (Permission denied); nothing was '
+                            f'removed\n')
+    assert files_of(out) == before and sorted(os.listdir(out)) == names
+
+
+def copied(recordings, tmp_path, sensor='audio'):
+    data = tmp_path / 'data'
+    shutil.copytree(recordings / sensor, data)
+    return data
+
+
+def test_resume_needs_the_same_event_options(recordings, tmp_path, capsys):
+    out = tmp_path / 'run'
+    common = ['train', '--task', 'events', '--data', str(recordings / 'audio'), '--sensor-size',
+              '32,1,1', *EVENT_TINY, '--out', str(out)]
+    assert main(common) == 0
+    capsys.readouterr()
+    assert main([*common, '--resume', '--window-us', '12500', '--pool', '2']) == 2
+    assert re.search(r'other options: --pool 4 \(now 2\), --window-us unset \(now 12500.0\)',
+                     capsys.readouterr().err)
+    assert main([*common, '--resume']) == 0
+    assert 'already finished' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('write, match', [
+    (lambda p: p.write_bytes(np.random.default_rng(0).bytes(200)), 'is not a NumPy .npy array'),
+    (lambda p: np.save(p, np.array([1, None], dtype=object), allow_pickle=True),
+     r'holds Python objects \(dtype object\), which are never loaded'),
+    (lambda p: np.save(p, np.array([(5, 40, 1)], AUDIO)),
+     r"events field 'x' must lie in \[0, 32\) for this sensor_size"),
+])
+def test_a_bad_streamed_file_is_one_line_and_leaves_no_run(recordings, tmp_path, capsys, write,
+                                                           match):
+    data = copied(recordings, tmp_path)
+    bad = data / 'up' / '011.npy'       # the last file: streaming reads it only in a batch
+    write(bad)
+    out = tmp_path / 'run'
+    assert main(['train', '--task', 'events', '--data', str(data), '--sensor-size', '32,1,1',
+                 '--stream', *EVENT_TINY, '--batch-size', '18', '--out', str(out)]) == 2
+    error = error_line(capsys)
+    assert str(bad) in error and re.search(match, error), error
+    assert not out.exists()      # nothing to --overwrite before the rerun
+
+
+# ----------------------------------------------------------------------------- kill and resume
+SIX_EPOCHS = ['train', '--samples', '48', '--size', '8', '--steps', '6', '--channels', '2,4',
+        '--batch-size', '12', '--epochs', '6', '--quiet']
+
+
+def run_cli(out, *extra):
+    return subprocess.Popen([sys.executable, '-m', 'braintrace_conv.cli', *SIX_EPOCHS, '--out',
+                             str(out), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def scalars(out):
+    with open(out / SCALARS_NAME, newline='') as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == list(SCALAR_COLUMNS)
+    return [row[:-1] for row in rows[1:]]                   # all but the time column
+
+
+def test_killed_run_resumes_to_the_bitwise_result_of_an_uninterrupted_one(tmp_path):
+    straight = run_cli(tmp_path / 'straight')
+    victim = run_cli(tmp_path / 'killed')
+    first = tmp_path / 'killed' / LAST_CHECKPOINT
+    deadline = time.monotonic() + 300
+    while not first.exists():
+        assert victim.poll() is None, victim.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    victim.kill()
+    victim.communicate()
+    interrupted_at = checkpoint.read(first)[1]['epoch']
+    assert victim.returncode == -9 and 1 <= interrupted_at < 6
+
+    resumed = run_cli(tmp_path / 'killed', '--resume')
+    assert resumed.wait(300) == 0, resumed.communicate()
+    assert straight.wait(300) == 0, straight.communicate()
+    a, meta_a = checkpoint.read(tmp_path / 'straight' / LAST_CHECKPOINT)
+    b, meta_b = checkpoint.read(tmp_path / 'killed' / LAST_CHECKPOINT)
+    assert a.keys() == b.keys() and any(k.startswith('opt/') for k in a)
+    for name in a:                                           # params, optimiser state, RNG key
+        assert a[name].dtype == b[name].dtype
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    for meta in (meta_a, meta_b):
+        for record in meta['history']:
+            record.pop('epoch_time_s')
+    assert meta_a == meta_b and meta_a['epoch'] == 6
+    assert scalars(tmp_path / 'straight') == scalars(tmp_path / 'killed')

@@ -1,0 +1,172 @@
+"""``braintrace-conv train``: a run written to its run directory, new, resumed or replaced."""
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import time
+import warnings
+
+from .. import ES_D_RTRL
+from .._validation import ArgumentError
+from ..training import Trainer, checkpoint, run_dir
+from ..training._fit import hold
+from ..training.state import run_differences
+from .build import setup
+from .options import spell
+from .parser import PROG, Interrupted, UsageError, usage_error
+from .resolve import option_list, resolve, run_config
+
+__all__ = ['train']
+
+
+def _out_error(run, error: Exception, usage: str) -> UsageError:
+    """A refused run directory as a user error naming the command-line options."""
+    if isinstance(error, run_dir.RunExistsError):
+        found = ', '.join(run_dir.run_files(run.out))
+        return UsageError(f'--out {run.out} already holds a run ({found}); pass --resume to '
+                          f'continue it or --overwrite to replace it', usage)
+    if isinstance(error, run_dir.NothingToResumeError):
+        return UsageError(f'--resume: {run.out} has no checkpoint ({run_dir.LAST_CHECKPOINT}) '
+                          f'to resume', usage)
+    if isinstance(error, (ValueError, run_dir.RunLockedError)):
+        return UsageError(f'--out: {error}', usage)
+    return UsageError(f'--out {run.out} cannot be written: {error.strerror or error}', usage)
+
+
+def _resume(run, usage: str) -> bool:
+    """Whether the run to resume is to be trained (or repaired), checked against the
+    options; a run already finished is said so."""
+    path = run.out / run_dir.LAST_CHECKPOINT
+    try:
+        _, meta = checkpoint.read(path)
+        stored = checkpoint.field(meta, 'run', dict, path)
+    except checkpoint.CheckpointError as error:
+        raise UsageError(f'--resume: {error}', usage) from None
+    differences = run_differences(stored, run_config(run), run.epochs)
+    if differences:
+        raise UsageError(f'--resume: the run in {run.out} was trained with other options: '
+                         f'{option_list(differences)}; give the same options, or another '
+                         f'--out', usage)
+    if meta['epoch'] >= run.epochs:
+        lagging = run_dir.lagging(run.out, meta['epoch'], meta.get('best'))
+        if lagging:
+            print(f'the run in {run.out} is finished ({meta["epoch"]} epochs) but was '
+                  f'interrupted while writing its files; repairing {", ".join(lagging)}')
+            return True
+        print(f'the run in {run.out} is already finished ({meta["epoch"]}/{run.epochs} '
+              f'epochs); nothing to do. Evaluate it with: {PROG} evaluate --run {run.out}, '
+              f'or extend it with a larger --epochs')
+        return False
+    old_epochs = stored.get('epochs')
+    if isinstance(old_epochs, int) and old_epochs < run.epochs:
+        print(f'extending the run in {run.out} from {old_epochs} to {run.epochs} epochs (the '
+              f'learning-rate schedule is stretched over {run.epochs} epochs from here on)')
+    return True
+
+
+def train(args, usage: str, start: float) -> int:
+    """Run ``braintrace-conv train`` with the parsed command line ``args``."""
+    run = resolve(args, usage)
+    out_existed = os.path.lexists(run.out)
+    try:    # refused before the data are built
+        run_dir.check(run.out, resume=run.resume, overwrite=run.overwrite)
+    except (OSError, ValueError, run_dir.RunLockedError) as error:
+        raise _out_error(run, error, usage) from None
+    if run.resume and not _resume(run, usage):
+        return 0
+    trainer, train_set, test_set = setup(run, usage)
+    try:
+        trainer.check_fit(train_set, eval_dataset=test_set, **_fit_arguments(run))
+    except (ValueError, TypeError) as error:
+        raise usage_error(error, usage) from None
+    try:
+        # every write to the run directory, the last metrics.json included, holds its lock
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(hold(run.out, resume=run.resume, overwrite=run.overwrite))
+            except (OSError, ValueError, run_dir.RunLockedError) as error:
+                raise _out_error(run, error, usage) from None
+            return _fit(run, usage, start, trainer, train_set, test_set)
+    finally:
+        if not out_existed:     # a run that wrote nothing leaves no directory behind
+            with contextlib.suppress(OSError):
+                run.out.rmdir()
+
+
+def _fit_arguments(run) -> dict:
+    """The arguments of ``Trainer.fit`` and ``Trainer.check_fit`` of ``run``."""
+    return dict(epochs=run.epochs, batch_size=run.batch_size, seed=run.seed, out_dir=run.out,
+                resume=run.resume, overwrite=run.overwrite, run_config=run_config(run),
+                log_every=run.log_every)
+
+
+def _remove_new_run(run) -> bool:
+    """After a new run failed before its first checkpoint: remove the run files it wrote
+    (the directory held no run before, or was to be replaced), under the directory's lock.
+    Returns whether it did."""
+    if run.resume or (run.out / run_dir.LAST_CHECKPOINT).exists():
+        return False
+    try:
+        run_dir.create(run.out, overwrite=True)
+    except OSError:
+        return False
+    return True
+
+
+def _fit(run, usage: str, start: float, trainer: Trainer, train_set, test_set) -> int:
+    """Train (holding the run directory's lock), write the final metrics and report."""
+    if not run.quiet:
+        print(_start_line(run, trainer, train_set, test_set), flush=True)
+    try:
+        trainer.fit(train_set, eval_dataset=test_set, progress=not run.quiet,
+                    **_fit_arguments(run))
+    except checkpoint.CheckpointError as error:
+        raise UsageError(f'--resume: {error}', usage) from None
+    except (run_dir.RunExistsError, run_dir.NothingToResumeError,
+            run_dir.RunLockedError) as error:
+        raise _out_error(run, error, usage) from None   # another process came first
+    except (ValueError, TypeError) as error:
+        _remove_new_run(run)
+        raise _data_error(run, error, usage) from None
+    except KeyboardInterrupt:
+        raise Interrupted(_interrupted(run, trainer)) from None
+    wall = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    metrics = trainer.write_logs(run.out, task=run.task, wall_time_s=wall, peak_rss_mb=peak_mb,
+                                 num_train=len(train_set), num_test=len(test_set))
+    if trainer.updates and trainer.skipped_updates == trainer.updates:
+        warnings.warn(f'all {trainer.updates} updates were skipped for non-finite values, so '
+                      f'the model did not learn; lower --lr (now {run.lr:g})', RuntimeWarning)
+    print(f"test accuracy {metrics['test_accuracy']:.1%} | wall time {wall:.1f} s | "
+          f"peak RSS {peak_mb:.0f} MB")
+    return 0
+
+
+def _start_line(run, trainer: Trainer, train_set, test_set) -> str:
+    """What is trained, on what, where."""
+    learner = trainer.learner
+    return (f'{run.task}: {len(train_set)} train / {len(test_set)} test samples, '
+            f'T={train_set.num_steps}, frames {train_set.frame_shape}; {learner.algorithm}'
+            + (f' (decay {learner.decay:.4f})' if isinstance(learner, ES_D_RTRL) else '')
+            + (f', exact within windows of {learner.window} steps'
+               if getattr(learner, 'window', None) else '')
+            + f'; {run.devices} device(s); run directory {run.out}')
+
+
+def _data_error(run, error: Exception, usage: str) -> UsageError:
+    """A value refused while training: an option's (named), or bad data met in a streamed
+    file (of ``--data``)."""
+    if isinstance(error, ArgumentError) and spell(error.name) is not None:
+        return usage_error(error, usage)
+    return usage_error(error, usage, prefix='--data: ' if run.task == 'events' else '')
+
+
+def _interrupted(run, trainer: Trainer) -> str:
+    """What an interruption kept, and how to go on."""
+    if trainer.epoch:
+        return (f'epochs 1-{trainer.epoch} are saved in {run.out}; rerun with --resume and the '
+                f'same options to continue')
+    if _remove_new_run(run):
+        return 'no epoch was completed, and nothing was kept'
+    return 'no epoch was completed; rerun with --overwrite to start again'

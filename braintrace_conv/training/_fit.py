@@ -1,0 +1,227 @@
+"""The run loop of :meth:`Trainer.fit <braintrace_conv.training.Trainer.fit>`: its arguments,
+the epochs, and the run directory held while a run is written (:func:`hold`, also used by
+the command line), resumed and repaired."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple, Optional, Union
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .._validation import at_most, non_negative, positive
+from . import checkpoint, logs, placement, run_dir, state
+from ._files import atomic_write
+from .fingerprint import data_fingerprint
+
+
+@contextlib.contextmanager
+def hold(out_dir: Union[str, os.PathLike], *, resume: bool, overwrite: bool,
+         writer: bool = True):
+    """Hold the run directory ``out_dir`` for the ``with`` block: checked
+    (:func:`~.run_dir.check`, so a refused directory is left as it was), then, by the
+    process that writes the run (``writer``), locked, checked again under the lock
+    (another process may have written a run there meanwhile) and created. A run to be
+    replaced (``overwrite``) is still there: :func:`fit` replaces it once its arguments
+    and data are checked. Re-entrant, so a caller holding the directory (the command
+    line, until its last write) may fit in it. Yields the directory as a ``Path``."""
+    out_dir = run_dir.check(out_dir, resume=resume, overwrite=overwrite)
+    # every process checks the directory before the first one writes to it
+    placement.sync_processes('braintrace_conv: run directory checked')
+    if not writer:
+        yield out_dir
+        return
+    with run_dir.locked(out_dir):
+        run_dir.check(out_dir, resume=resume, overwrite=overwrite)
+        run_dir.create(out_dir, overwrite=False)
+        yield out_dir
+
+
+class _Arguments(NamedTuple):
+    """The arguments of :meth:`Trainer.fit`, checked."""
+    epochs: int
+    batch_size: int
+    seed: int
+    eval_batch_size: int
+    run_config: dict
+    log_every: int
+
+
+def check_arguments(trainer, train_dataset, eval_dataset, *, epochs, batch_size, seed,
+                    eval_batch_size, out_dir, resume, overwrite, run_config,
+                    log_every) -> _Arguments:
+    """The arguments of :meth:`Trainer.fit`, checked with its data sets; changes nothing."""
+    trainer._require_optimizer('fit')
+    epochs, batch_size = positive('epochs', epochs), positive('batch_size', batch_size)
+    seed, log_every = non_negative('seed', seed), positive('log_every', log_every)
+    eval_batch_size = (batch_size if eval_batch_size is None
+                       else positive('eval_batch_size', eval_batch_size))
+    run_config = {} if run_config is None else run_config
+    try:
+        run_config = json.loads(json.dumps(run_config))
+    except (TypeError, ValueError) as err:
+        raise TypeError(f'run_config must be a JSON-able dict, got {run_config!r}: '
+                        f'{err}') from None
+    if not isinstance(run_config, dict):
+        raise TypeError(f'run_config must be a dict, got {type(run_config).__name__}.')
+    trainer._check_dataset('train_dataset', train_dataset)
+    at_most('batch_size', batch_size, len(train_dataset.labels), 'training_samples',
+            names={'training_samples': 'the number of training samples'})
+    trainer._parallel.check_batch_size('batch_size', batch_size)
+    if eval_dataset is not None:
+        trainer._check_dataset('eval_dataset', eval_dataset)
+    if out_dir is None and (resume or overwrite):
+        raise ValueError('resume and overwrite need out_dir (the run directory).')
+    return _Arguments(epochs, batch_size, seed, eval_batch_size, run_config, log_every)
+
+
+def fit(trainer, train_dataset, *, epochs: int, batch_size: int, seed: int, eval_dataset,
+        eval_batch_size: Optional[int], out_dir: Union[str, os.PathLike, None], resume: bool,
+        overwrite: bool, run_config: Optional[dict], log_every: int,
+        tensorboard: Optional[bool], progress: bool) -> list:
+    """:meth:`Trainer.fit <braintrace_conv.training.Trainer.fit>` of ``trainer``."""
+    args = check_arguments(trainer, train_dataset, eval_dataset, epochs=epochs,
+                           batch_size=batch_size, seed=seed, eval_batch_size=eval_batch_size,
+                           out_dir=out_dir, resume=resume, overwrite=overwrite,
+                           run_config=run_config, log_every=log_every)
+    with contextlib.ExitStack() as stack:
+        log = None
+        if out_dir is not None:
+            fit_config = dict(batch_size=args.batch_size, seed=args.seed,
+                              train_data=data_fingerprint(train_dataset),
+                              eval_data=data_fingerprint(eval_dataset))
+            out_dir = stack.enter_context(hold(out_dir, resume=resume, overwrite=overwrite,
+                                               writer=trainer._writer))
+            log = _open_run(trainer, out_dir, resume, overwrite, args.epochs,
+                            dict(run=args.run_config, trainer=trainer.config(), fit=fit_config),
+                            tensorboard, dict(train_data=train_dataset, eval_data=eval_dataset))
+            if log is not None:
+                stack.callback(log.close)
+        trainer.run_config = args.run_config
+        if trainer._rng is None:
+            trainer._rng = np.random.default_rng(args.seed)
+        while trainer.epoch < args.epochs:
+            _run_epoch(trainer, train_dataset, eval_dataset, args, out_dir, log,
+                       progress and trainer._writer)
+    return trainer.history
+
+
+def _run_epoch(trainer, train_dataset, eval_dataset, args: _Arguments, out_dir: Optional[Path],
+               log: Optional[logs.ScalarLog], progress: bool) -> None:
+    """One epoch: train, evaluate, record, and (with a run directory) save the run."""
+    record = _train_epoch(trainer, train_dataset, args.batch_size, args.epochs, progress, log,
+                          args.log_every)
+    if eval_dataset is not None:
+        metrics = trainer.evaluate(eval_dataset, args.eval_batch_size)
+        record.update(test_loss=metrics['loss'], test_accuracy=metrics['accuracy'],
+                      spike_rates=metrics['spike_rates'])
+    trainer.epoch += 1
+    trainer.history.append(record)
+    improved = 'test_accuracy' in record and (
+        trainer.best is None or record['test_accuracy'] > trainer.best['test_accuracy'])
+    if improved:
+        trainer.best = dict(epoch=trainer.epoch, test_accuracy=record['test_accuracy'])
+    if log is not None:
+        log.log_epoch(trainer.updates, record)
+        log.sync()
+        _save_run(trainer, out_dir, improved)
+    if progress:
+        tqdm.write(_summary_line(record, args.epochs))
+
+
+def _open_run(trainer, out_dir: Path, resume: bool, overwrite: bool, epochs: int,
+              expected: dict, tensorboard: Optional[bool], datasets: dict):
+    """Prepare the held run directory: replace the run in it (``overwrite``), or restore
+    its last checkpoint (``resume``, checking ``datasets``, keyed like their fingerprints
+    in ``expected['fit']``) and repair what a run killed after it left behind; returns
+    the scalar log (``None`` on other processes than the first)."""
+    if trainer._writer and overwrite:
+        run_dir.create(out_dir, overwrite=True)
+    if resume:
+        state.restore(trainer, out_dir / run_dir.LAST_CHECKPOINT, expected, epochs=epochs,
+                      datasets=datasets)
+        if trainer._writer:
+            _repair_run(trainer, out_dir)
+    trainer._fit_config = expected['fit']
+    if trainer._writer:
+        return logs.ScalarLog(out_dir, start_update=trainer.updates, tensorboard=tensorboard)
+    return None
+
+
+def _repair_run(trainer, out_dir: Path) -> None:
+    """Write what a run killed between its last checkpoint and the end of that epoch's
+    writes left behind (:func:`~braintrace_conv.training.run_dir.lagging`)."""
+    found = run_dir.lagging(out_dir, trainer.epoch, trainer.best)
+    if run_dir.BEST_CHECKPOINT in found:    # the last checkpoint is that epoch's best one
+        atomic_write(out_dir / run_dir.BEST_CHECKPOINT,
+                     (out_dir / run_dir.LAST_CHECKPOINT).read_bytes())
+    if run_dir.METRICS_NAME in found or run_dir.CURVE_NAME in found:
+        trainer.write_logs(out_dir)
+
+
+def _train_epoch(trainer, dataset, batch_size: int, epochs: int, progress: bool, log,
+                 log_every: int) -> dict:
+    """Train on every batch of ``dataset`` once, in a random order; the epoch's record."""
+    start = time.perf_counter()
+    skipped_before = trainer.skipped_updates
+    order_seed = int(trainer._rng.integers(2**31))
+    n_batches = dataset.num_batches(batch_size, drop_last=True)
+    bar = tqdm(trainer._batches('train_dataset', dataset, batch_size, shuffle=True,
+                                seed=order_seed, drop_last=True),
+               total=n_batches, desc=f'epoch {trainer.epoch + 1}/{epochs}',
+               disable=not (progress and _bar_shown()), leave=False, unit='batch')
+    loss_sum, loss_count, correct, seen = 0.0, 0, 0, 0
+    for i, (xs, labels) in enumerate(bar):
+        loss, hits = trainer._train_batch(xs, labels)
+        if np.isfinite(loss):
+            loss_sum += loss * len(labels)
+            loss_count += len(labels)
+        correct += hits
+        seen += len(labels)
+        if log is not None and (i + 1) % log_every == 0:
+            log.log(trainer.updates, epoch=trainer.epoch + 1, batch=i, loss=loss,
+                    accuracy=hits / len(labels), skipped_updates=trainer.skipped_updates,
+                    time_s=round(time.perf_counter() - start, 3))
+        bar.set_postfix(loss=f'{loss_sum / max(loss_count, 1):.3f}',
+                        acc=f'{correct / seen:.3f}')
+    bar.close()
+    return dict(epoch=trainer.epoch + 1,
+                train_loss=loss_sum / loss_count if loss_count else float('nan'),
+                train_accuracy=correct / seen,
+                skipped_updates=trainer.skipped_updates - skipped_before,
+                epoch_time_s=time.perf_counter() - start)
+
+
+def _save_run(trainer, out_dir: Path, improved: bool) -> None:
+    """The last (and, ``improved``, the best) checkpoint, ``metrics.json`` and the curve."""
+    arrays, meta = state.snapshot(trainer)
+    checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
+    if improved:
+        checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
+    trainer.write_logs(out_dir)
+
+
+def _bar_shown() -> bool:
+    """Whether a progress bar can be drawn: in a notebook, or on a terminal (a bar redrawn
+    with carriage returns would fill a log file; the epoch lines are printed anyway)."""
+    notebook = any(c.__module__ == 'tqdm.notebook' for c in tqdm.__mro__)
+    return notebook or sys.stderr.isatty()
+
+
+def _summary_line(record: dict, epochs: int) -> str:
+    """The line printed after an epoch: its losses, accuracies and spike rates."""
+    line = (f"epoch {record['epoch']}/{epochs}: train loss {record['train_loss']:.4f}, "
+            f"train acc {record['train_accuracy']:.1%}")
+    if record['skipped_updates']:
+        line += f", {record['skipped_updates']} update(s) skipped (non-finite)"
+    if 'test_accuracy' in record:
+        rates = ', '.join(f'{name} {rate:.3f}' for name, rate in record['spike_rates'].items())
+        line += f", test acc {record['test_accuracy']:.1%}"
+        if rates:
+            line += f", spike rates [{rates}]"
+    return line + f" ({record['epoch_time_s']:.1f} s)"

@@ -1,0 +1,69 @@
+"""The data and model the command line builds: the SHD-like task (1-D convolutions over 700
+channels) and directories of tonic-format event files, 1-D and 2-D, in memory or streamed."""
+import json
+
+import pytest
+
+from braintrace_conv.cli import main
+from braintrace_conv.training import LAST_CHECKPOINT, checkpoint
+
+from cli_runs import EVENT_TINY, TRAIN, refused
+
+MEMORY = [  # refused before anything is allocated
+    ([*TRAIN, '--channels', '2000000,2000000'],
+     r'the model needs about .* PiB for its .* parameters .*; lower --channels or --kernel-size'),
+    (['train', '--task', 'events', '--data', '{empty}', '--sensor-size', '1000000,1000000,2'],
+     r'the dataset needs about .* \(1 samples x 20 steps x 1000000 x 1000000 x 2 float32.*'
+     r'lower --sensor-size or --steps'),
+    (['train', '--task', 'shd', '--samples', '100000000'],
+     r'the dataset needs about .* \(100000000 samples x 50 steps x 1 x 700 float32.*lower '
+     r'--samples or --steps'),
+    (['train', '--size', '100000'], r'the dataset needs about 5.82 PiB \(2048 samples x 20 '
+                                    r'steps x 2 x 100000 x 100000 float32.*lower --samples'),
+]
+
+
+@pytest.mark.parametrize('argv, match', MEMORY)
+def test_data_and_models_that_cannot_fit_in_memory_are_refused_first(root, capsys, argv, match):
+    refused(root, capsys, argv, match)
+
+
+def first_kernel(out) -> tuple:
+    arrays, _ = checkpoint.read(out / LAST_CHECKPOINT)
+    return arrays['param/blocks.0.ff.weight'].shape
+
+
+def metrics_of(out) -> dict:
+    return json.loads((out / 'metrics.json').read_text())
+
+
+def test_shd_like_task_trains_a_1d_conv_net(tmp_path, capsys):
+    out = tmp_path / 'shd'
+    assert main(['train', '--task', 'shd', '--samples', '40', '--steps', '10', '--epochs', '1',
+                 '--batch-size', '10', '--channels', '2,4', '--out', str(out)]) == 0
+    assert 'shd: 30 train / 10 test samples, T=10, frames (1, 700)' in capsys.readouterr().out
+    # (out channels, in channels, kernel): 1-D convolutions over the 700 channels
+    assert first_kernel(out) == (2, 1, 7)
+    metrics = metrics_of(out)
+    assert metrics['run_config']['pool'] == 4 and metrics['devices'] == 1
+    assert 0 <= metrics['test_accuracy'] <= 1
+
+
+@pytest.mark.parametrize('sensor, size, kernel', [('audio', '32,1,1', (2, 1, 7)),
+                                                  ('dvs', '8,8,2', (2, 2, 3, 3))])
+def test_event_directory_trains_the_model_of_its_rank(recordings, tmp_path, sensor, size,
+                                                      kernel, capsys):
+    common = ['train', '--task', 'events', '--data', str(recordings / sensor), '--sensor-size',
+              size, '--pool', '1', *EVENT_TINY]
+    memory, streamed = tmp_path / 'memory', tmp_path / 'streamed'
+    assert main([*common, '--out', str(memory)]) == 0
+    assert main([*common, '--stream', '--cache-size', '4', '--out', str(streamed)]) == 0
+    assert first_kernel(memory) == kernel
+    a, b = metrics_of(memory), metrics_of(streamed)
+    assert a['test_accuracy'] == 1.0           # the classes differ by the half of x they use
+    assert a['run_config']['data'] == str(recordings / sensor)
+    # streaming reads and bins the same frames: the same run
+    assert a['train_loss'] == b['train_loss'] and a['test_accuracy'] == b['test_accuracy']
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(streamed)]) == 0
+    assert 'test accuracy 100.0%' in capsys.readouterr().out

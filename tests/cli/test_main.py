@@ -1,0 +1,30 @@
+"""``main``: exit codes, warnings as one line on stderr, --help and --version."""
+
+from braintrace_conv.cli import main
+
+
+def test_warnings_are_one_line_on_stderr(run, capsys, monkeypatch):
+    import warnings
+
+    from braintrace_conv.training import Trainer
+    original = Trainer.load_params
+
+    def load_params(self, *args, **kwargs):
+        warnings.warn('a warning\n  over two lines', RuntimeWarning)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, 'load_params', load_params)
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(run)]) == 0
+    assert capsys.readouterr().err == 'braintrace-conv: warning: a warning over two lines\n'
+
+
+def test_help_and_version(capsys):
+    assert main(['train', '--help']) == 0
+    text = capsys.readouterr().out
+    assert all(option in text for option in ('--update-every', '--resume', '--overwrite',
+                                             '--nonfinite', '--log-every', '--window',
+                                             '--delay', '--cues', '--clip-norm',
+                                             'delayed-bars'))
+    assert main(['--version']) == 0
+    assert capsys.readouterr().out.startswith('braintrace-conv ')
