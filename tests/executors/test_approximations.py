@@ -29,9 +29,9 @@ T, BATCH, WINDOW = 8, 2, 3
 
 def _user_models():
     """The user-style models of the exactness tests: name -> (constructor, input shape)."""
-    import test_executors as te
-    import test_executors_user_models as um
-    import test_windows as tw
+    import executors.test_d_rtrl as te
+    import executors.test_scan as tw
+    import executors.test_user_models as um
     models = {f'one-layer-{style}': (lambda style=style: um.OneLayer(style), (6, 6, 2))
               for style in ('subtract', 'old-and-new', 'alif-reset')}
     models.update({

@@ -14,7 +14,7 @@ import braintrace_conv as bc
 import braintrace_conv.models
 from braintrace_conv import nn
 from snn_reference import EXACT, cosine, rel_err, spike, xent
-from test_executors_user_models import Parametric
+from executors.test_user_models import Parametric
 
 
 pytestmark = pytest.mark.usefixtures('float64')
