@@ -312,6 +312,16 @@ class Learner(abc.ABC):
         return self._jitted(prepared, loss_fn, False).lower(
             step.param_leaves(), hidden, self._init_state(prepared, hidden), False, xs, targets)
 
+    def analysis(self):
+        """What the learner made of the model step for its last call: for the online
+        executors the step's analysis (``ops``, ``groups`` with their state cuts,
+        ``dynamic_params``; ``docs/architecture.md``), for BPTT the captured step. A hook
+        for tests and for debugging a refusal; its fields are internal and may change."""
+        if self._last is None:
+            raise RuntimeError('analysis() describes the last call; call value_and_grad, '
+                               'advance or predict first.')
+        return self._last[1]
+
     def report(self) -> Report:
         """How each parameter's gradient is computed and the trace memory, for the
         shapes of the last call (raises if the learner was never called)."""
