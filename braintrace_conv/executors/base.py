@@ -117,10 +117,21 @@ def _loss_key(fn):
 
 
 @jax.jit
-def _all_finite(leaves):
-    # x * 0 is NaN exactly where x is NaN or infinite, and its sum never overflows: one
-    # fused pass over the data (about 0.5 ms for the standard workload's 100 steps)
+def _all_finite_on_device(leaves):
+    # x * 0 is NaN exactly where x is NaN or infinite, and its sum never overflows
     return jnp.isfinite(sum(jnp.sum(a * 0) for a in leaves))
+
+
+def _all_finite(leaves) -> bool:
+    """Whether every element of ``leaves`` is finite: numpy for arrays in host memory
+    (numpy's, or JAX's on the CPU: no copy, and faster there than a compiled reduction,
+    ``benchmarks/call_overheads.py``), one compiled reduction for the others."""
+    on_host = lambda a: isinstance(a, np.ndarray) or (
+        a.is_fully_addressable and len(a.devices()) == 1 and next(iter(a.devices())).platform == 'cpu')
+    host = [a for a in leaves if on_host(a)]
+    device = [a for a in leaves if not on_host(a)]
+    return (all(np.isfinite(np.asarray(a)).all() for a in host)
+            and (not device or bool(_all_finite_on_device(device))))
 
 
 def _check_finite(name: str, tree) -> None:
@@ -133,6 +144,10 @@ def _check_finite(name: str, tree) -> None:
     if not leaves or _all_finite(leaves):
         return
     for path, a in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if floating(a) and not getattr(a, 'is_fully_addressable', True):   # across processes
+            raise ArgumentError(name + jax.tree_util.keystr(path), a, 'be finite',
+                                'the gradients of this call would not be finite',
+                                shown='NaN or infinity (in an array spread over processes)')
         if floating(a):
             axes = ('t', 'b')[:np.ndim(a)] + tuple(f'axis {i}' for i in range(2, np.ndim(a)))
             try:
@@ -385,9 +400,10 @@ class Learner(abc.ABC):
             self._compiled.move_to_end(key)
             return self._compiled[key]
         code = getattr(fn, '__code__', None)
-        same_but_fn = lambda k: k[:1] + k[2:] == key[:1] + key[2:]
+        same_but_fn = lambda other: other[:1] + other[2:] == key[:1] + key[2:]
         if (code is not None and not self._warned_recompile
-                and any(same_but_fn(k) and _code_of(k[1]) is code for k in self._compiled)):
+                and any(same_but_fn(other) and _code_of(other[1]) is code
+                        for other in self._compiled)):
             self._warned_recompile = True
             warnings.warn(
                 f'{type(self).__name__} compiles again for a new function object defined at '
