@@ -185,6 +185,10 @@ class Learner(abc.ABC):
     """Base of the three executors (see module docstring)."""
 
     algorithm = 'learner'
+    #: Whether a call advances the algorithm's state in the buffers it arrives in (donated
+    #: to the compiled call). Each executor keeps the faster choice for it, measured in
+    #: ``benchmarks/call_overheads.py`` (``docs/benchmarks.md``).
+    donate_state: bool = True
 
     def __init__(self, model: brainstate.nn.Module, *, check_finite: bool = True):
         if not isinstance(model, brainstate.nn.Module):
@@ -378,18 +382,19 @@ class Learner(abc.ABC):
     def _jitted(self, prepared, loss_fn, return_outputs):
         """The compiled sequence ``(params, hidden, state, keep, xs, targets)``.
 
-        ``state`` is donated: the algorithm's state (D-RTRL's traces, up to
-        gigabytes) is advanced in the buffers it arrives in and returned in them.
-        With ``keep`` false it starts at zero, so a call that resets passes the
-        last call's buffers (:meth:`_take_state_buffers`): memory the process has
-        not written yet costs a page fault per page at its first write
-        (``docs/benchmarks.md``)."""
+        With :attr:`donate_state`, ``state`` is donated: the algorithm's state
+        (D-RTRL's traces, up to gigabytes) is advanced in the buffers it arrives in
+        and returned in them. With ``keep`` false it starts at zero, so a call that
+        resets passes the last call's buffers (:meth:`_take_state_buffers`): memory
+        the process has not written yet costs a page fault per page at its first
+        write (``docs/benchmarks.md``)."""
         def run(p, h, s, keep, xs, ts):
             s = jax.tree.map(lambda a: jnp.where(keep, a, jnp.zeros((), a.dtype)), s)
             return self._sequence(prepared, loss_fn, p, h, s, xs, ts, return_outputs)
 
-        key = (id(prepared), _loss_key(loss_fn), return_outputs)
-        return self._program(key, lambda: jax.jit(run, donate_argnums=2), loss_fn)
+        key = (id(prepared), _loss_key(loss_fn), return_outputs, self.donate_state)
+        donate = (2,) if self.donate_state else ()
+        return self._program(key, lambda: jax.jit(run, donate_argnums=donate), loss_fn)
 
     def _program(self, key, build, fn):
         """The program cached under ``key = (what, _loss_key(fn), *rest)`` (built by
@@ -428,7 +433,7 @@ class Learner(abc.ABC):
                     and jax.tree.map(as_spec, last) == jax.tree.map(as_spec, spec))
             if same and all(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
                             and not a.is_deleted() for a in jax.tree.leaves(last)):
-                self._carry = None      # the buffers are donated to this call
+                self._carry = None      # the buffers go to this call (donated, if so)
                 return last
         return self._fresh_state(prepared, hidden)
 
