@@ -13,7 +13,8 @@ of the memory hierarchy: a small net's traces stay in the last-level cache, the
 DVS-sized net's stream from DRAM. The triad over 128 MiB arrays is printed too. For each workload one process
 compiles BPTT, D-RTRL, and D-RTRL with one conv layer's parameters frozen
 (turned into constants, so that layer keeps no trace), and times them in
-interleaved rounds. A layer's measured cost is D-RTRL's step time minus the step
+interleaved rounds; BPTT is also timed alone, in a process of its own, because next to
+D-RTRL's traces it runs slower (the two ratios are printed). A layer's measured cost is D-RTRL's step time minus the step
 time with that layer frozen; its floor comes from its trace bytes
 (``report()``).
 
@@ -107,14 +108,42 @@ def measure(name: str, T: int | None, repeats: int, triad_repeats: int) -> dict:
         l.value_and_grad(cross_entropy, xs, labels))) for key, learner in learners.items()},
         repeats)
     per_step = {k: float(np.median(v)) / T for k, v in times.items()}
+    bptt_alone = _bptt_alone(name, T, repeats)
     bandwidth = triad_bandwidth(max(sum(layers.values()) // 4, 2**16), triad_repeats)
     rows = [dict(layer=key, trace_mib=b / 2**20, floor_ms=1e3 * b * PASSES / bandwidth,
                  measured_ms=1e3 * (per_step['d-rtrl'] - per_step[f'd-rtrl without {key}']))
             for key, b in layers.items()]
     total = sum(layers.values())
     return dict(workload=name, T=T, bandwidth=bandwidth, bptt_ms=1e3 * per_step['bptt'],
+                bptt_alone_ms=1e3 * bptt_alone,
                 d_rtrl_ms=1e3 * per_step['d-rtrl'], trace_mib=total / 2**20,
                 floor_ms=1e3 * total * PASSES / bandwidth, layers=rows)
+
+
+def _bptt_alone(name: str, T: int, repeats: int) -> float:
+    """Seconds per step of BPTT timed in a process of its own, where no D-RTRL learner
+    (and none of its traces) shares the caches, the memory or the allocator."""
+    import subprocess
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), '--bptt-only', name,
+                          '--T', str(T), '--repeats', str(repeats)],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def bptt_only(name: str, T: int | None, repeats: int) -> float:
+    """Median seconds per step of BPTT alone on workload ``name`` (``--bptt-only``)."""
+    import brainstate
+    import jax
+
+    import braintrace_conv as bc
+    from workloads import cross_entropy
+
+    make, arg, (xs, labels), T = _workload(name, T)
+    brainstate.random.seed(0)
+    learner = bc.BPTT(make(arg))
+    run = lambda: jax.block_until_ready(learner.value_and_grad(cross_entropy, xs, labels))
+    run()
+    return float(np.median(interleaved({'bptt': run}, repeats)['bptt'])) / T
 
 
 def main(argv=None) -> int:
@@ -125,7 +154,13 @@ def main(argv=None) -> int:
     parser.add_argument('--repeats', type=int, default=5, help='interleaved timed rounds')
     parser.add_argument('--triad-repeats', type=int, default=10)
     parser.add_argument('--out', default=default_path('d_rtrl_floor'))
+    parser.add_argument('--bptt-only', choices=WORKLOADS, default=None,
+                        help='time BPTT alone on one workload and print its seconds per step '
+                             '(what the main run does in a process of its own)')
     args = parser.parse_args(argv)
+    if args.bptt_only:
+        print(bptt_only(args.bptt_only, args.T, args.repeats))
+        return 0
     if (args.T is not None and args.T <= 0) or args.repeats <= 0 or args.triad_repeats <= 0:
         parser.error('--T, --repeats and --triad-repeats must be positive')
     dram = triad_bandwidth(repeats=args.triad_repeats)
@@ -138,13 +173,14 @@ def main(argv=None) -> int:
         print(f"  {name}: D-RTRL {res['d_rtrl_ms']:.1f} ms/step, floor {res['floor_ms']:.1f}",
               file=sys.stderr, flush=True)
     print('| workload | T | trace MiB | triad GB/s | floor ms / step | D-RTRL ms / step | '
-          'x floor | BPTT ms / step | D-RTRL / BPTT |')
-    print('|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+          'x floor | BPTT ms / step, interleaved | alone | D-RTRL / BPTT, interleaved | alone |')
+    print('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
     for r in results:
         print(f"| {r['workload']} | {r['T']} | {r['trace_mib']:.1f} | {r['bandwidth'] / 1e9:.1f} | "
               f"{r['floor_ms']:.2f} | "
               f"{r['d_rtrl_ms']:.2f} | {r['d_rtrl_ms'] / r['floor_ms']:.1f} | "
-              f"{r['bptt_ms']:.2f} | {r['d_rtrl_ms'] / r['bptt_ms']:.1f} |")
+              f"{r['bptt_ms']:.2f} | {r['bptt_alone_ms']:.2f} | "
+              f"{r['d_rtrl_ms'] / r['bptt_ms']:.1f} | {r['d_rtrl_ms'] / r['bptt_alone_ms']:.1f} |")
     print('\n| workload | layer | trace MiB | floor ms / step | measured ms / step | x floor |')
     print('|---|---|---:|---:|---:|---:|')
     for r in results:
