@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import abc
 import collections
-import types
 import warnings
 from typing import Callable
 
@@ -37,38 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._validation import ArgumentError, boolean, finite, floating_dtype, integer, optional
+from .._validation import boolean, floating_dtype, integer, optional
 from . import _scan
+from ._inputs import check_finite, check_sequences, code_of, loss_key
 from ._analysis.graph import StepGraph, analyse
 from ._analysis.signals import StepSignals, init_release, jacobian_reads_only_state
 from ._analysis.step import StepJaxpr, capture_step
 from .report import Report, online_rows
 
 __all__ = ['Learner', 'OnlineLearner', 'Report']
-
-
-def _check_sequences(xs, targets):
-    x_leaves, t_leaves = jax.tree.leaves(xs), jax.tree.leaves(targets)
-    if not x_leaves:
-        raise ValueError('xs is empty: expected arrays of shape (T, B, ...).')
-    lengths = {np.shape(a)[0] if np.ndim(a) else None for a in x_leaves}
-    if None in lengths or len(lengths) != 1:
-        raise ValueError(f'every leaf of xs must have the same leading time axis (T, B, ...); '
-                         f'got shapes {[np.shape(a) for a in x_leaves]}.')
-    (T,) = lengths
-    if T == 0:
-        raise ValueError('xs has zero time steps.')
-    if any(np.ndim(a) < 2 for a in x_leaves):
-        raise ValueError(f'xs leaves must be (T, B, ...) with a batch axis; got shapes '
-                         f'{[np.shape(a) for a in x_leaves]}.')
-    t_lengths = {np.shape(a)[0] if np.ndim(a) else None for a in t_leaves}
-    if t_leaves and t_lengths != {T}:
-        raise ValueError(f'targets must have the same number of time steps as xs ({T}); got '
-                         f'leading sizes {sorted(t_lengths, key=str)}.')
-    batch = {np.shape(a)[1] for a in x_leaves}
-    if len(batch) != 1:
-        raise ValueError(f'xs leaves disagree on the batch size (axis 1): {sorted(batch)}.')
-    return T, batch.pop()
 
 
 def _signature(step_inputs, model):
@@ -87,78 +63,6 @@ def _window_value(window):
 MAX_COMPILED = 16
 
 
-def _loss_key(fn):
-    """The key under which programs compiled for the function ``fn`` are cached.
-
-    A plain Python function is keyed by its code and the values it reads when they are
-    all hashable (defaults, closure cells, the globals its code names): a lambda written
-    again at every call, ``learner.value_and_grad(lambda o, t: ..., xs, ys)``, then
-    compiles once, and a captured value that changes compiles anew. Anything else (a
-    callable object, a function capturing an array) is keyed by the object itself.
-    """
-    if not isinstance(fn, types.FunctionType):
-        return fn
-    code, seen, stack = fn.__code__, set(), [fn.__code__]
-    names = []
-    while stack:                              # the code and the code objects nested in it
-        c = stack.pop()
-        names += [n for n in c.co_names if n in fn.__globals__ and n not in seen]
-        seen.update(c.co_names)
-        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    values = (fn.__defaults__, tuple(sorted((fn.__kwdefaults__ or {}).items())),
-              tuple(cell.cell_contents for cell in fn.__closure__ or ()),
-              tuple(fn.__globals__[n] for n in names))
-    typed = jax.tree.map(lambda v: (type(v), v), values)
-    try:
-        hash(typed)
-    except TypeError:
-        return fn
-    return code, typed
-
-
-@jax.jit
-def _all_finite_on_device(leaves):
-    # x * 0 is NaN exactly where x is NaN or infinite, and its sum never overflows
-    return jnp.isfinite(sum(jnp.sum(a * 0) for a in leaves))
-
-
-def _all_finite(leaves) -> bool:
-    """Whether every element of ``leaves`` is finite: numpy for arrays in host memory
-    (numpy's, or JAX's on the CPU: no copy, and faster there than a compiled reduction,
-    ``benchmarks/call_overheads.py``), one compiled reduction for the others."""
-    on_host = lambda a: isinstance(a, np.ndarray) or (
-        a.is_fully_addressable and len(a.devices()) == 1 and next(iter(a.devices())).platform == 'cpu')
-    host = [a for a in leaves if on_host(a)]
-    device = [a for a in leaves if not on_host(a)]
-    return (all(np.isfinite(np.asarray(a)).all() for a in host)
-            and (not device or bool(_all_finite_on_device(device))))
-
-
-def _check_finite(name: str, tree) -> None:
-    """Refuse a NaN or an infinity among the floating-point leaves of ``tree`` (``(T, B,
-    ...)``), naming the first one: the gradients would not be finite, and nothing else
-    would say why. One pass over the data (:func:`_all_finite`)."""
-    floating = lambda a: jnp.issubdtype(jnp.result_type(a), jnp.inexact)
-    leaves = [a for a in jax.tree.leaves(tree)
-              if floating(a) and not isinstance(a, jax.core.Tracer)]
-    if not leaves or _all_finite(leaves):
-        return
-    for path, a in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if floating(a) and not getattr(a, 'is_fully_addressable', True):   # across processes
-            raise ArgumentError(name + jax.tree_util.keystr(path), a, 'be finite',
-                                'the gradients of this call would not be finite',
-                                shown='NaN or infinity (in an array spread over processes)')
-        if floating(a):
-            axes = ('t', 'b')[:np.ndim(a)] + tuple(f'axis {i}' for i in range(2, np.ndim(a)))
-            try:
-                finite(name + jax.tree_util.keystr(path), a, axes)
-            except ArgumentError as err:
-                raise ArgumentError(err.name, a, err.expected, fix='the gradients of this call '
-                                    'would not be finite; clean the data, or construct the '
-                                    'learner with check_finite=False to skip this check',
-                                    shown=err.shown) from None
-
-
 def _restored_carry(template, leaves):
     """The carry ``template`` (hidden leaves, algorithm state) with the saved ``leaves``."""
     spec = lambda a: (tuple(np.shape(a)), str(jnp.result_type(a)))
@@ -170,15 +74,6 @@ def _restored_carry(template, leaves):
                          f'and model it was saved from, with inputs of the same shape.')
     return jax.tree.unflatten(treedef, [jnp.asarray(a, jnp.result_type(e)) for a, e in
                                         zip(leaves, expected)])
-
-
-def _code_of(key):
-    """The code object behind a :func:`_loss_key`, or None."""
-    if isinstance(key, types.FunctionType):
-        return key.__code__
-    if isinstance(key, tuple) and key and isinstance(key[0], types.CodeType):
-        return key[0]
-    return None
 
 
 class Learner(abc.ABC):
@@ -222,7 +117,7 @@ class Learner(abc.ABC):
         Returns:
           ``(loss, grads)`` or ``(loss, grads, outputs)``.
         """
-        (_, batch), xs = _check_sequences(xs, targets), self._inputs(xs)
+        (_, batch), xs = check_sequences(xs, targets), self._inputs(xs)
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
             self._batch = batch
@@ -263,7 +158,7 @@ class Learner(abc.ABC):
     def advance(self, loss_fn: Callable, xs, targets, *, return_outputs: bool = False):
         """Run ``T`` more steps, keeping hidden states and traces; return this chunk's
         ``(loss, grads[, outputs])``. Parameters are read from the model at each call."""
-        _, batch = _check_sequences(xs, targets)
+        _, batch = check_sequences(xs, targets)
         if self._batch is None:
             raise RuntimeError('advance() continues an online run: call reset(batch_size) '
                                'first to start one (fresh hidden states and traces).')
@@ -298,12 +193,12 @@ class Learner(abc.ABC):
           ``(outputs, observed)`` where every leaf of ``observed`` gains a
           leading time axis ``T``.
         """
-        (_, batch), xs = _check_sequences(xs, ()), self._inputs(xs)
+        (_, batch), xs = check_sequences(xs, ()), self._inputs(xs)
         if reset:
             brainstate.nn.init_all_states(self.model, batch)
             self._batch = batch
         step, _ = self._capture(xs)
-        key = ('predict', _loss_key(observe),
+        key = ('predict', loss_key(observe),
                _signature(jax.tree.map(lambda a: a[0], xs), self.model))
 
         def run(params, hidden, xs):
@@ -324,7 +219,7 @@ class Learner(abc.ABC):
         """The whole-sequence computation of :meth:`value_and_grad` (with reset), lowered
         but not run: ``learner.lower(...).compile().memory_analysis()`` gives XLA's
         memory figures."""
-        (_, batch), xs = _check_sequences(xs, targets), self._inputs(xs)
+        (_, batch), xs = check_sequences(xs, targets), self._inputs(xs)
         brainstate.nn.init_all_states(self.model, batch)
         step, prepared = self._capture(xs)
         hidden = step.hidden_leaves()
@@ -392,12 +287,12 @@ class Learner(abc.ABC):
             s = jax.tree.map(lambda a: jnp.where(keep, a, jnp.zeros((), a.dtype)), s)
             return self._sequence(prepared, loss_fn, p, h, s, xs, ts, return_outputs)
 
-        key = (id(prepared), _loss_key(loss_fn), return_outputs, self.donate_state)
+        key = (id(prepared), loss_key(loss_fn), return_outputs, self.donate_state)
         donate = (2,) if self.donate_state else ()
         return self._program(key, lambda: jax.jit(run, donate_argnums=donate), loss_fn)
 
     def _program(self, key, build, fn):
-        """The program cached under ``key = (what, _loss_key(fn), *rest)`` (built by
+        """The program cached under ``key = (what, loss_key(fn), *rest)`` (built by
         ``build()`` when missing) for the user function ``fn``; the least recently used is
         dropped beyond ``MAX_COMPILED``. Compiling again for the same code where only the
         function object differs warns once."""
@@ -407,7 +302,7 @@ class Learner(abc.ABC):
         code = getattr(fn, '__code__', None)
         same_but_fn = lambda other: other[:1] + other[2:] == key[:1] + key[2:]
         if (code is not None and not self._warned_recompile
-                and any(same_but_fn(other) and _code_of(other[1]) is code
+                and any(same_but_fn(other) and code_of(other[1]) is code
                         for other in self._compiled)):
             self._warned_recompile = True
             warnings.warn(
@@ -452,7 +347,7 @@ class Learner(abc.ABC):
         out = jax.tree.unflatten(step.out_tree, outs)
         target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:],
                                                              jnp.result_type(a)), targets)
-        key = (_loss_key(loss_fn), str(shapes(out)), str(shapes(target)))
+        key = (loss_key(loss_fn), str(shapes(out)), str(shapes(target)))
         if key in self._checked_losses:
             self._checked_losses.move_to_end(key)
             return
@@ -469,8 +364,8 @@ class Learner(abc.ABC):
     def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs, keep):
         self._check_loss(step, loss_fn, targets)
         if self.check_finite:
-            _check_finite('xs', xs)
-            _check_finite('targets', targets)
+            check_finite('xs', xs)
+            check_finite('targets', targets)
         loss, grads, hidden, state, outs = self._jitted(prepared, loss_fn, return_outputs)(
             step.param_leaves(), hidden, state, keep, xs, targets)
         step.write_hidden(hidden)

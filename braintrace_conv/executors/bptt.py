@@ -8,7 +8,6 @@ gradients do not flow across chunk boundaries.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from ._scan import scanned_loss
 from .base import Learner
