@@ -29,7 +29,6 @@ T, BATCH, WINDOW = 8, 2, 3
 
 def _user_models():
     """The user-style models of the exactness tests: name -> (constructor, input shape)."""
-    import executors.test_d_rtrl as te
     import executors.test_scan as tw
     import executors.test_user_models as um
     models = {f'one-layer-{style}': (lambda style=style: um.OneLayer(style), (6, 6, 2))
@@ -40,7 +39,7 @@ def _user_models():
         'mixing-parameter': (um.MixedParameter, (7, 2)),
         'sum-pool-bias-before': (lambda: um.PoolBetween('sum-same', bias_before_pool=True),
                                  (6, 6, 2)),
-        'recurrent-conv': (lambda: te.SpikingConvNet(True), (8, 8, 2)),
+        'recurrent-conv': (lambda: um.SpikingConvNet(True), (8, 8, 2)),
         'user-recurrent-brainstate': (lambda: tw.UserConvNet(True), (6, 6, 2)),
         'ours-recurrent-pooled': (lambda: tw.ours(pool=2), (2, 6, 6)),
     })

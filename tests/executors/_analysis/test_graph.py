@@ -2,15 +2,20 @@
 
 Small hand-written steps whose positions, cuts and derivatives are known in closed
 form (float64), so a failure names the piece that broke rather than a gradient that
-no longer matches BPTT end to end.
+no longer matches BPTT end to end; and the models the analysis refuses, each refusal
+naming what it found.
 """
 import brainstate
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import braintrace_conv as bc
+from snn_reference import spike, xent
+from executors.test_d_rtrl import CONV_CASES, ConvTanh, _conv_data, sq_loss
+from executors.test_user_models import OneLayer, spikes_and_labels
 from braintrace_conv.executors._analysis.graph import analyse, min_vertex_cut
 from braintrace_conv.executors._analysis.positions import MIXED, propagate
 from braintrace_conv.executors._analysis.signals import (
@@ -318,3 +323,81 @@ def test_chained_learning_signal_holds_the_other_cut_value_fixed():
     np.testing.assert_allclose(g[..., 1], target * jnp.cos(u), rtol=1e-12)
     # while a perturbation of v where it is produced also moves u
     np.testing.assert_allclose(g_eps[0][..., 0], g[..., 0] + g[..., 1], rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- refusals
+class NormBetween(ConvTanh):
+    def update(self, x):
+        y = bc.conv(x, self.K.value, self.b.value, **self.kw)
+        y = (y - y.mean(axis=1, keepdims=True)) / (y.std(axis=1, keepdims=True) + 1e-5)
+        h = 0.7 * jnp.tanh(self.h.value) + y
+        self.h.value = h
+        return bc.dense(jnp.tanh(h.mean(axis=2)), self.W.value)
+
+
+@pytest.mark.parametrize('make', [bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, 0.9)])
+def test_norm_between_conv_and_neuron_is_rejected_naming_op_and_parameter(make):
+    x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
+    model = NormBetween(x_shape, k_shape, kw, ch)
+    xs, targets = _conv_data(x_shape)
+    with pytest.raises(ValueError, match=r'non-elementwise op \(reduce_sum.*etp_conv #0 \(K, b\)'):
+        make(model).value_and_grad(sq_loss, xs, targets)
+    bc.BPTT(model).value_and_grad(sq_loss, xs, targets)   # BPTT has no such restriction
+
+
+class StateDependentKernel(ConvTanh):
+    def update(self, x):
+        kernel = self.K.value * (1 + jnp.mean(self.h.value))
+        y = bc.conv(x, kernel, self.b.value, **self.kw)
+        h = 0.7 * jnp.tanh(self.h.value) + y
+        self.h.value = h
+        return bc.dense(jnp.tanh(h.mean(axis=2)), self.W.value)
+
+
+def test_parameter_reaching_the_loss_by_no_supported_path_is_rejected():
+    x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
+    model = StateDependentKernel(x_shape, k_shape, kw, ch)
+    xs, targets = _conv_data(x_shape)
+    with pytest.raises(ValueError, match="'weight' operand of etp_conv #0 is computed from "
+                                         "parameter 'K', hidden state 'h'"):
+        bc.D_RTRL(model).value_and_grad(sq_loss, xs, targets)
+
+
+class StateScaledLaxKernel(ConvTanh):
+    """A plain lax convolution whose kernel a state scales cannot become an ETP op."""
+
+    def update(self, x):
+        kernel = self.K.value * (1 + jnp.mean(self.h.value))
+        y = jax.lax.conv_general_dilated(x, kernel, (2,), 'SAME')
+        h = 0.7 * jnp.tanh(self.h.value) + y
+        self.h.value = h
+        return bc.dense(jnp.tanh(h.mean(axis=2)), self.W.value)
+
+
+def test_a_plain_convolution_whose_kernel_a_state_scales_is_refused_naming_both():
+    x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
+    model = StateScaledLaxKernel(x_shape, k_shape, kw, ch)
+    xs, targets = _conv_data(x_shape)
+    with pytest.raises(ValueError, match="weight operand of conv_general_dilated is computed "
+                                         "from parameter 'K', hidden state 'h'"):
+        bc.ES_D_RTRL(model, 0.9).value_and_grad(sq_loss, xs, targets)
+
+
+class MaxPoolBetween(OneLayer):
+    def update(self, x):
+        y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
+                    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+        y = lax.reduce_window(y, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 1, 1, 1), 'SAME')
+        v = 0.9 * self.h.value + y
+        s = spike(v - 1.0)
+        self.h.value = v - s
+        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
+
+
+@pytest.mark.parametrize('make, name', [(bc.D_RTRL, 'D-RTRL'), (bc.ES_D_RTRL, 'ES-D-RTRL')])
+def test_max_pooling_between_op_and_neuron_is_rejected_naming_it(make, name):
+    model = MaxPoolBetween('subtract')
+    xs, labels = spikes_and_labels((3, 6, 6, 2), T=2)
+    with pytest.raises(ValueError, match=rf'^{name} cannot train this model: .*reduce_window_max'
+                                         rf'.*etp_conv #0 \(K, b\)'):
+        make(model).value_and_grad(xent, xs, labels)
