@@ -1,8 +1,8 @@
-"""The step analysis piece by piece: positions, the vertex cut, analyse and each signal.
+"""Model discovery (``graph.py``): the vertex cut, ``analyse`` and its refusals.
 
-Small hand-written steps whose positions, cuts and derivatives are known in closed
-form (float64), so a failure names the piece that broke rather than a gradient that
-no longer matches BPTT end to end; and the models the analysis refuses, each refusal
+Small hand-written steps whose ops, groups and cuts are known in closed form
+(float64), so a failure names the piece that broke rather than a gradient that no
+longer matches BPTT end to end; and the models the analysis refuses, each refusal
 naming what it found.
 """
 import brainstate
@@ -13,60 +13,15 @@ import pytest
 from jax import lax
 
 import braintrace_conv as bc
+from braintrace_conv.executors._analysis.graph import analyse, min_vertex_cut
+from braintrace_conv.executors._analysis.step import capture_step
 from snn_reference import spike, xent
 from executors.test_d_rtrl import CONV_CASES, ConvTanh, _conv_data, sq_loss
 from executors.test_user_models import OneLayer, spikes_and_labels
-from braintrace_conv.executors._analysis.graph import analyse, min_vertex_cut
-from braintrace_conv.executors._analysis.positions import MIXED, propagate
-from braintrace_conv.executors._analysis.signals import (
-    chained_learning_signal, dynamic_trace_inputs, init_release, learning_signals,
-    output_jacobian, parameter_jacobians, release_jacobians, state_jacobian, step_point,
-    transition)
-from braintrace_conv.executors._analysis.step import capture_step
 
 pytestmark = pytest.mark.usefixtures('float64')
 
 B, K, IN = 2, 3, 4
-
-
-# ----------------------------------------------------------------------------- positions
-def _reach(fn, *args, **kw):
-    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
-    source = jaxpr.invars[0]
-    ident = np.arange(source.aval.size).reshape(source.aval.shape)
-    return jaxpr, ident, propagate(jaxpr, {source: ident}, {}, **kw)
-
-
-def test_positions_follow_elementwise_ops_reshapes_and_transposes():
-    x = jnp.ones((2, 3))
-    jaxpr, ident, reach = _reach(lambda x: (jnp.tanh(2.0 * x) + 1.0).T.reshape(6), x)
-    assert reach.mixing is None
-    np.testing.assert_array_equal(reach.index[jaxpr.outvars[0]], ident.T.reshape(6))
-
-
-def test_a_reduction_mixes_positions_and_is_named():
-    jaxpr, _, reach = _reach(lambda x: jnp.sum(x, axis=1) * 2.0, jnp.ones((2, 3)))
-    assert reach.mixing == 'reduce_sum'
-    assert reach.index[jaxpr.outvars[0]] is MIXED
-    assert jaxpr.invars[0] in reach.sinks      # the value the mixing op read
-
-
-def test_a_broadcast_copies_a_position_only_when_allowed():
-    fn = lambda b, x: x + b          # a per-channel bias over (batch, channel)
-    b, x = jnp.ones(3), jnp.ones((2, 3))
-    jaxpr, _, reach = _reach(fn, b, x, broadcast=True)
-    np.testing.assert_array_equal(reach.index[jaxpr.outvars[0]], [[0, 1, 2], [0, 1, 2]])
-    _, _, strict = _reach(fn, b, x)
-    assert strict.mixing is not None
-
-
-def test_new_hidden_values_are_recorded_as_finals():
-    jaxpr = jax.make_jaxpr(lambda h: (0.5 * h, jnp.flip(h)))(jnp.ones(4)).jaxpr
-    ident = np.arange(4)
-    final_of = {jaxpr.outvars[0]: 0, jaxpr.outvars[1]: 1}
-    reach = propagate(jaxpr, {jaxpr.invars[0]: ident}, final_of)
-    np.testing.assert_array_equal(reach.finals[0], ident)
-    assert reach.mixing == 'rev'               # flip reorders positions: not followed
 
 
 # ----------------------------------------------------------------------------- vertex cut
@@ -173,156 +128,6 @@ def test_analyse_marks_cut_values_computed_from_one_another_as_chained():
     grp, = graph.groups
     assert grp.names == ['h1', 'h2'] and grp.m == 2
     assert grp.identity_release and grp.chained
-
-
-class DelayLine(brainstate.nn.Module):
-    """``v = 0.9 h + W x + 0.1 d2 + 0.1 e``; ``h = v`` and ``e = v`` (two states share a new
-    value); ``d2 = d1``; ``d1 = W x`` (the op's output itself); readout from ``v``."""
-
-    def __init__(self):
-        super().__init__()
-        self.W = brainstate.ParamState(jnp.ones((IN, K)))
-
-    def init_state(self, batch_size=None, **kw):
-        for name in ('h', 'd1', 'd2', 'e'):
-            setattr(self, name, brainstate.HiddenState(jnp.zeros((batch_size, K))))
-
-    def update(self, x):
-        y = bc.dense(x, self.W.value)
-        v = 0.9 * self.h.value + y + 0.1 * self.d2.value + 0.1 * self.e.value
-        self.h.value = v
-        self.e.value = v
-        self.d2.value = self.d1.value
-        self.d1.value = y
-        return jnp.tanh(v)
-
-
-def test_states_that_pass_values_along_are_in_their_group():
-    """A state whose new value is another state's old value, an op's output, or another
-    state's new value still has a new value of its own, in the group it feeds."""
-    graph, *_ = _analysed(DelayLine())
-    new = graph.step.new_hidden_vars
-    assert len(set(new)) == len(new)          # each state's new value is its own variable
-    grp, = graph.groups
-    assert sorted(grp.names) == ['d1', 'd2', 'e', 'h']
-    assert graph.ops[0].group == 0
-
-
-class Pipeline(brainstate.nn.Module):
-    """Layer 2 reads layer 1's value of the step before (``buf``) and layer 2's own old
-    value through a recurrent op; the output reads ``buf`` too."""
-
-    def __init__(self):
-        super().__init__()
-        self.W1 = brainstate.ParamState(jnp.ones((IN, K)))
-        self.W2 = brainstate.ParamState(jnp.ones((K, K)))
-        self.R = brainstate.ParamState(jnp.ones((K, K)))
-
-    def init_state(self, batch_size=None, **kw):
-        for name in ('h1', 'buf', 'h2'):
-            setattr(self, name, brainstate.HiddenState(jnp.zeros((batch_size, K))))
-
-    def update(self, x):
-        v1 = 0.9 * self.h1.value + bc.dense(x, self.W1.value)
-        h2_old = self.h2.value
-        v2 = 0.8 * h2_old + bc.dense(self.buf.value, self.W2.value) + bc.dense(h2_old, self.R.value)
-        self.h1.value, self.buf.value, self.h2.value = v1, jnp.tanh(v1), v2
-        return jnp.tanh(v2) + h2_old
-
-
-def test_an_old_value_read_by_another_layer_is_cut_and_a_recurrent_one_is_given():
-    graph, *_ = _analysed(Pipeline())
-    step = graph.step
-    first = next(g for g in graph.groups if 'h1' in g.names)
-    second = next(g for g in graph.groups if g.names == ['h2'])
-    buf_old = step.hidden_vars[step.hidden_names.index('buf')]
-    # layer 2's op reads buf's old value: it stays in layer 1's cut, so its learning signal
-    # reaches layer 1's trace of the step before
-    assert buf_old in first.cut and first.feeds == {graph.groups.index(second)}
-    # h2's old value feeds its own recurrent op (given: the recurrent-synapse cut) and the
-    # output (a path of the step): the op reads a copy of its own, the output the cut value
-    h2_old = step.hidden_vars[step.hidden_names.index('h2')]
-    recurrent = next(op for op in graph.ops if op.slot_params['weight'] == [step.param_names.index('R')])
-    assert recurrent.x_var is not h2_old and recurrent.x_var not in second.cut
-
-
-# ----------------------------------------------------------------------------- signals
-def _point(model, outputs=2):
-    graph, hidden, params, weights, inputs = _analysed(model)
-    target = jnp.asarray(np.random.default_rng(4).normal(size=(B, outputs)))
-    loss_fn = lambda out, tgt: jnp.sum(out * tgt)
-    eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in graph.cut_vars]
-    signals = learning_signals(graph, hidden, params, weights, inputs, target, loss_fn, None,
-                               eps0)
-    record = signals[3]
-    at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'], False)
-    return graph, at, signals, eps0, target
-
-
-def _values(model, at):
-    """``y``, ``v`` and ``s`` of a ResetNeuron step, by hand."""
-    h, = at.hidden
-    y = at.inputs[0] @ model.W.value
-    v = model.a * h + model.c.value * y
-    return y, v, jnp.tanh(v)
-
-
-def test_learning_signal_and_gamma():
-    model = ResetNeuron()
-    graph, at, (loss, new_h, out, record, g, gamma, direct), _, target = _point(model)
-    y, v, s = _values(model, at)
-    cotangent = target @ model.R.value.T                  # dL/ds
-    np.testing.assert_allclose(g[0][..., 0], cotangent * (1 - s ** 2), rtol=1e-12)
-    np.testing.assert_allclose(gamma[1], target, rtol=1e-12)    # the readout's dL/dy
-    np.testing.assert_allclose(new_h[0], v - model.beta.value * s, rtol=1e-12)
-    np.testing.assert_allclose(loss, jnp.sum((s @ model.R.value) * target), rtol=1e-12)
-
-
-def test_state_output_and_parameter_jacobians():
-    model = ResetNeuron()
-    graph, at, *_ = _point(model)
-    y, v, s = _values(model, at)
-    A, = state_jacobian(graph, at.hidden, at.params, at.weights, at.inputs, at.op_outputs)
-    np.testing.assert_allclose(A, jnp.full((B, K, 1, 1), model.a))           # dv/dh
-    Df = output_jacobian(at, [v])
-    np.testing.assert_allclose(Df[0][..., 0], jnp.broadcast_to(model.c.value, (B, K)))
-    G = parameter_jacobians(at)
-    names = graph.step.param_names
-    np.testing.assert_allclose(G[names.index('c')][0][..., 0], y, rtol=1e-12)  # dv/dc
-    np.testing.assert_allclose(G[names.index('beta')][0], 0.0)
-
-
-def test_release_transition_and_dynamic_trace_inputs():
-    model = ResetNeuron()
-    graph, at, *_ = _point(model)
-    y, v, s = _values(model, at)
-    names = graph.step.param_names
-    beta = next(j for j, dp in enumerate(graph.dynamic_params) if names[dp.leaf] == 'beta')
-    release = release_jacobians(at, [v], init_release(graph, jnp.float64))
-    R_expected = 1 - model.beta.value * (1 - s ** 2)                         # dh'/dv
-    np.testing.assert_allclose(release['R'][0][..., 0, 0], R_expected, rtol=1e-12)
-    np.testing.assert_allclose(release['Rphi'][beta][..., 0], -s, rtol=1e-12)  # dh'/dbeta
-    A = [jnp.full((B, K, 1, 1), model.a)]
-    D, = transition(graph, A, release)
-    np.testing.assert_allclose(D[..., 0, 0], model.a * R_expected, rtol=1e-12)
-    G = parameter_jacobians(at)
-    inst, trace_in = dynamic_trace_inputs(graph, A, G, release)
-    np.testing.assert_allclose(inst[beta], 0.0)
-    np.testing.assert_allclose(trace_in[beta][..., 0], model.a * -s, rtol=1e-12)
-
-
-def test_chained_learning_signal_holds_the_other_cut_value_fixed():
-    model = Chained()
-    graph, at, (_, _, _, record, g_eps, *_), eps0, target = _point(model, outputs=K)
-    h1, h2 = at.hidden
-    v = 0.9 * h1 + at.inputs[0] @ model.W.value
-    u = 0.7 * h2 + v
-    g, = chained_learning_signal(at, eps0, record['cut'], g_eps)
-    # dL/dv with u held fixed, and dL/du
-    np.testing.assert_allclose(g[..., 0], target * (1 - jnp.tanh(v) ** 2), rtol=1e-12)
-    np.testing.assert_allclose(g[..., 1], target * jnp.cos(u), rtol=1e-12)
-    # while a perturbation of v where it is produced also moves u
-    np.testing.assert_allclose(g_eps[0][..., 0], g[..., 0] + g[..., 1], rtol=1e-12)
 
 
 # ----------------------------------------------------------------------------- refusals
