@@ -14,8 +14,7 @@ import braintrace_conv as bc
 from braintrace_conv.models import recurrent_conv_snn
 from braintrace_conv.primitive import register_primitive
 from snn_reference import rel_err, xent
-from executors.test_d_rtrl import TwoVariable, assert_matches_bptt, sin_loss
-from executors.test_user_models import TypedLayer
+from user_models import TwoVariable, TypedLayer, assert_matches_bptt, sin_loss
 
 pytestmark = pytest.mark.usefixtures('float64')
 

@@ -7,7 +7,7 @@ from jax import lax
 
 import braintrace_conv as bc
 from snn_reference import rel_err
-from executors.test_d_rtrl import TwoVariable, sin_loss
+from user_models import TwoVariable, sin_loss
 
 pytestmark = pytest.mark.usefixtures('float64')
 

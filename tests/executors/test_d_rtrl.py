@@ -16,97 +16,10 @@ import braintrace_conv as bc
 from braintrace_conv.conv import etp_conv_p
 from braintrace_conv.primitive import register_primitive
 from snn_reference import EXACT, rel_err
+from user_models import (CONV_CASES, ConvTanh, LinearLeaky, TwoVariable, assert_matches_bptt,
+                         conv_data, sin_loss, sq_loss)
 
 pytestmark = pytest.mark.usefixtures('float64')
-
-
-def assert_matches_bptt(model, learner, xs, targets, loss_fn, tol=EXACT):
-    loss_ref, ref = bc.BPTT(model).value_and_grad(loss_fn, xs, targets)
-    loss, grads = learner.value_and_grad(loss_fn, xs, targets)
-    assert set(grads) == set(model.states(brainstate.ParamState))
-    np.testing.assert_allclose(loss, loss_ref, rtol=1e-12)
-    for key in ref:
-        assert np.abs(ref[key]).max() > 0, f'{key}: reference gradient is zero, test is vacuous'
-        assert np.shape(grads[key]) == np.shape(ref[key])
-        assert rel_err(grads[key], ref[key]) < tol, (key, rel_err(grads[key], ref[key]))
-    return grads, ref
-
-
-def sq_loss(out, target):
-    return jnp.sum((out - target) ** 2)
-
-
-def sin_loss(out, target):
-    return jnp.sum(jnp.sin(out) * target)
-
-
-# ----------------------------------------------------------------------------- models
-class ConvTanh(brainstate.nn.Module):
-    """h = a * tanh(h) + conv(x) (+ b); readout dense(tanh(mean over space of h))."""
-
-    def __init__(self, in_shape, kernel_shape, conv_kwargs, channel_axis, bias=True,
-                 flatten=False, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.kw = conv_kwargs
-        self.channel_axis = channel_axis
-        self.flatten = flatten
-        y = jax.eval_shape(lambda x, k: bc.conv(x, k, **conv_kwargs),
-                           jax.ShapeDtypeStruct(in_shape, jnp.float64),
-                           jax.ShapeDtypeStruct(kernel_shape, jnp.float64))
-        self.out_shape = y.shape[1:]
-        out_ch = self.out_shape[channel_axis - 1]
-        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=kernel_shape) * 0.4))
-        self.b = brainstate.ParamState(jnp.asarray(rng.normal(size=out_ch) * 0.2)) if bias else None
-        feat = int(np.prod(self.out_shape)) if flatten else out_ch
-        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(feat, 3)) * 0.2))
-
-    def init_state(self, batch_size=None, **kw):
-        shape = (int(np.prod(self.out_shape)),) if self.flatten else self.out_shape
-        batch_out = batch_size // self.kw.get('batch_group_count', 1)
-        self.h = brainstate.HiddenState(jnp.zeros((batch_out, *shape)))
-
-    def update(self, x):
-        y = bc.conv(x, self.K.value, None if self.b is None else self.b.value, **self.kw)
-        if self.flatten:
-            y = y.reshape(y.shape[0], -1)
-        h = 0.7 * jnp.tanh(self.h.value) + y
-        self.h.value = h
-        if self.flatten:
-            feat = h
-        else:
-            axes = tuple(i for i in range(h.ndim) if i not in (0, self.channel_axis))
-            feat = h.mean(axis=axes)
-        return bc.dense(jnp.tanh(feat), self.W.value)
-
-
-# x shape (layout per dimension_numbers), kernel shape, conv kwargs, output channel axis
-CONV_CASES = {
-    '1d-default-stride2-same': ((2, 3, 9), (4, 3, 3), dict(strides=2, padding='SAME'), 1),
-    '1d-nwc-rhs-dilation': ((2, 9, 3), (3, 3, 4), dict(strides=1, padding='VALID', rhs_dilation=2,
-                                                       dimension_numbers=('NWC', 'WIO', 'NWC')), 2),
-    '2d-nhwc-groups-negative-pad': ((2, 6, 7, 4), (3, 2, 2, 6),
-                                    dict(strides=(1, 2), padding=((1, -1), (0, 1)),
-                                         feature_group_count=2,
-                                         dimension_numbers=('NHWC', 'HWIO', 'NHWC')), 3),
-    '2d-nchw-lhs-dilation': ((2, 2, 5, 5), (3, 2, 3, 3), dict(strides=2, padding=((1, 1), (1, 1)),
-                                                              lhs_dilation=(2, 1)), 1),
-    '2d-mixed-layout-depthwise': ((2, 6, 6, 3), (3, 1, 3, 3),
-                                  dict(strides=1, padding='SAME_LOWER', feature_group_count=3,
-                                       dimension_numbers=('NHWC', 'OIHW', 'NCHW')), 1),
-    '2d-batch-groups': ((4, 3, 5, 5), (4, 3, 3, 3), dict(strides=1, padding='VALID',
-                                                         batch_group_count=2), 1),
-    '3d-ndhwc-stride': ((2, 4, 5, 4, 2), (2, 3, 2, 2, 3),
-                        dict(strides=(1, 2, 1), padding='SAME',
-                             dimension_numbers=('NDHWC', 'DHWIO', 'NDHWC')), 4),
-}
-
-
-def _conv_data(x_shape, T=6, seed=1):
-    """Inputs ``(T, *x_shape)`` and readout targets ``(T, B, 3)``."""
-    rng = np.random.default_rng(seed)
-    return (jnp.asarray(rng.normal(size=(T, *x_shape))),
-            jnp.asarray(rng.normal(size=(T, x_shape[0], 3))))
 
 
 @pytest.mark.parametrize('case', sorted(CONV_CASES))
@@ -114,7 +27,7 @@ def _conv_data(x_shape, T=6, seed=1):
 def test_drtrl_equals_bptt_single_conv_layer(case, bias):
     x_shape, k_shape, kw, ch = CONV_CASES[case]
     model = ConvTanh(x_shape, k_shape, kw, ch, bias=bias)
-    xs, _ = _conv_data(x_shape)
+    xs, _ = conv_data(x_shape)
     batch_out = x_shape[0] // kw.get('batch_group_count', 1)
     targets = jnp.asarray(np.random.default_rng(2).normal(size=(6, batch_out, 3)))
     assert_matches_bptt(model, bc.D_RTRL(model), xs, targets, sq_loss)
@@ -123,7 +36,7 @@ def test_drtrl_equals_bptt_single_conv_layer(case, bias):
 def test_drtrl_equals_bptt_with_flatten_between_conv_and_neuron():
     x_shape, k_shape, kw, ch = CONV_CASES['2d-nhwc-groups-negative-pad']
     model = ConvTanh(x_shape, k_shape, kw, ch, flatten=True)
-    xs, targets = _conv_data(x_shape)
+    xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
     assert learner._last[1].ops[0].h_to_y is None   # a reshape keeps row-major order
@@ -146,7 +59,7 @@ class TransposedNeuron(ConvTanh):
 def test_drtrl_equals_bptt_with_transpose_between_conv_and_neuron():
     x_shape, k_shape, kw, ch = CONV_CASES['2d-nhwc-groups-negative-pad']
     model = TransposedNeuron(x_shape, k_shape, kw, ch)
-    xs, targets = _conv_data(x_shape)
+    xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
     assert learner._last[1].ops[0].h_to_y is not None
@@ -170,7 +83,7 @@ def test_state_jacobian_is_evaluated_a_step_early_only_when_it_reads_only_the_st
     from braintrace_conv.executors._analysis.signals import jacobian_reads_only_state
     x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
     model = model_class(x_shape, k_shape, kw, ch)
-    xs, targets = _conv_data(x_shape)
+    xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
     assert jacobian_reads_only_state(learner._last[1]) is early
@@ -195,35 +108,11 @@ class Bypass(ConvTanh):
 def test_drtrl_equals_bptt_when_the_op_output_also_bypasses_the_neuron():
     x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
     model = Bypass(x_shape, k_shape, kw, ch)
-    xs, targets = _conv_data(x_shape)
+    xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
     (group,) = learner._last[1].groups
     assert group.m == 2 and not group.identity_release   # the cut holds y as well as h
-
-
-class TwoVariable(brainstate.nn.Module):
-    """v and an adaptation a; ``chained``: a is driven by the new v and the output reads a."""
-
-    def __init__(self, chained, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.chained = chained
-        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(4, 3, 3)) * 0.5))
-        self.b = brainstate.ParamState(jnp.asarray(rng.normal(size=4) * 0.5))
-        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(32, 2)) * 0.3))
-
-    def init_state(self, batch_size=None, **kw):
-        self.v = brainstate.HiddenState(jnp.zeros((batch_size, 4, 8)))
-        self.a = brainstate.HiddenState(jnp.zeros((batch_size, 4, 8)))
-
-    def update(self, x):
-        v_old, a_old = self.v.value, self.a.value
-        v = 0.9 * jnp.tanh(v_old) - 0.2 * a_old + bc.conv(x, self.K.value, self.b.value,
-                                                         strides=1, padding='SAME')
-        a = 0.8 * a_old + 0.3 * jax.nn.sigmoid(v if self.chained else v_old)
-        self.v.value, self.a.value = v, a
-        return bc.dense(jax.nn.sigmoid(v - a).reshape(v.shape[0], -1), self.W.value)
 
 
 @pytest.mark.parametrize('chained', [False, True])
@@ -236,24 +125,6 @@ def test_drtrl_equals_bptt_two_variable_neuron(chained):
     assert_matches_bptt(model, learner, xs, targets, sin_loss)
     (group,) = learner._last[1].groups
     assert group.n == 2 and group.chained == chained
-
-
-class LinearLeaky(brainstate.nn.Module):
-    def __init__(self, decay, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.decay = decay
-        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, 2, 5)) * 0.3))
-        self.b = brainstate.ParamState(jnp.asarray(rng.normal(size=5) * 0.1))
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 4, 4, 5)))
-
-    def update(self, x):
-        y = bc.conv(x, self.K.value, self.b.value, strides=2, padding='SAME',
-                    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-        self.h.value = self.decay * self.h.value + y
-        return self.h.value
 
 
 class Thresholded(brainstate.nn.Module):
@@ -304,7 +175,7 @@ def test_user_registered_primitive_with_the_same_rules_is_used_unchanged():
 
     x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
     model = UserModel(x_shape, k_shape, kw, ch)
-    xs, targets = _conv_data(x_shape)
+    xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
     assert learner._last[1].ops[0].primitive is my_conv

@@ -12,8 +12,8 @@ import pytest
 
 import braintrace_conv as bc
 from snn_reference import EXACT, rel_err, xent
-from executors.test_d_rtrl import LinearLeaky, assert_matches_bptt, sin_loss
-from executors.test_user_models import OneLayer, compare, methods, spikes_and_labels
+from user_models import (LinearLeaky, OneLayer, assert_matches_bptt, compare, methods, sin_loss,
+                         spikes_and_labels)
 
 pytestmark = pytest.mark.usefixtures('float64')
 

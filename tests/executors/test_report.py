@@ -5,12 +5,11 @@ import pytest
 
 import braintrace_conv as bc
 from snn_reference import xent
-from executors.test_user_models import SpikingConvNet
+from user_models import SpikingConvNet
 
 pytestmark = pytest.mark.usefixtures('float64')
 
 
-# ----------------------------------------------------------------------------- reports, extension
 def test_report_describes_every_parameter():
     model = SpikingConvNet(recurrent=True)
     xs = jnp.zeros((2, 2, 8, 8, 2))

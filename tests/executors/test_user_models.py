@@ -17,93 +17,15 @@ from jax import lax
 
 import braintrace_conv as bc
 from braintrace_conv import nn
-from snn_reference import EXACT, cosine, rel_err, spike, spike_vjp, xent
+from snn_reference import EXACT, cosine, rel_err, spike, xent
+from user_models import (BrainstateLayers, MixedParameter, OneLayer, Parametric, PoolBetween,
+                         SpikingConvNet, TypedLayer, compare, methods, spikes_and_labels)
 
 
 pytestmark = pytest.mark.usefixtures('float64')
 
 
-def spikes_and_labels(shape, T=10, seed=0, p=0.4):
-    rng = np.random.default_rng(seed)
-    return (jnp.asarray(rng.random((T, *shape)) < p, jnp.float64),
-            jnp.asarray(rng.integers(0, 3, (T, shape[0]))))
-
-
-def compare(model, learner, xs, targets, loss_fn=xent):
-    """Gradients of ``learner`` and BPTT, keyed by parameter name."""
-    _, ref = bc.BPTT(model).value_and_grad(loss_fn, xs, targets)
-    _, grads = learner.value_and_grad(loss_fn, xs, targets)
-    errors = {}
-    for key in ref:     # one entry per leaf, named like report() rows
-        leaves = jax.tree_util.tree_flatten_with_path(ref[key])[0]
-        mine = jax.tree.leaves(grads[key])
-        for (path, r), g in zip(leaves, mine):
-            name = '.'.join(map(str, key)) + (jax.tree_util.keystr(path) if path else '')
-            assert np.abs(np.asarray(r)).max() > 0, f'{name}: vacuous reference'
-            errors[name] = rel_err(g, r)
-    return errors
-
-
-def methods(learner):
-    return {r['parameter']: r['method'] for r in learner.report().rows}
-
-
 # ----------------------------------------------------------------------------- neuron styles
-class OneLayer(brainstate.nn.Module):
-    """conv (+bias) -> a neuron written in one of several user styles -> dense readout."""
-
-    def __init__(self, style, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.style = style
-        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, 2, 4)) * 0.8))
-        self.b = brainstate.ParamState(jnp.full(4, 0.1))
-        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(6 * 6 * 4, 3)) * 0.3))
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 6, 6, 4)))
-        if self.style == 'alif-reset':
-            self.a = brainstate.HiddenState(jnp.zeros((batch_size, 6, 6, 4)))
-
-    def update(self, x):
-        y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
-                    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-        h_old = self.h.value
-        if self.style == 'subtract':          # snnTorch / brainpy default
-            v = 0.9 * h_old + y
-            s = spike(v - 1.0)
-            self.h.value = v - s
-            out = s
-        elif self.style == 'subtract-vjp':    # the spike's derivative given as a custom_vjp
-            v = 0.9 * h_old + y
-            s = spike_vjp(v - 1.0)
-            self.h.value = v - s
-            out = s
-        elif self.style == 'zero':            # reset to zero
-            v = 0.8 * h_old + y
-            s = spike(v - 1.0)
-            self.h.value = v * (1.0 - s)
-            out = s
-        elif self.style == 'old-and-new':     # output reads the old state too
-            v = 0.9 * h_old + y
-            s = spike(v - 1.0)
-            self.h.value = v - s
-            out = s + 0.3 * jnp.tanh(h_old)
-        elif self.style == 'old-only':        # output from the old state alone
-            self.h.value = 0.9 * h_old + y
-            out = jax.nn.sigmoid(h_old)
-        elif self.style == 'alif-reset':      # two states, both stored after the reset
-            a_old = self.a.value
-            v = 0.9 * h_old + y - 0.5 * a_old
-            s = spike(v - 1.0)
-            self.h.value = v - s
-            self.a.value = 0.8 * a_old + s
-            out = s
-        else:
-            raise ValueError(self.style)
-        return bc.dense(out.reshape(out.shape[0], -1), self.W.value)
-
-
 STYLES = ['subtract', 'subtract-vjp', 'zero', 'old-and-new', 'old-only', 'alif-reset']
 
 
@@ -148,43 +70,6 @@ def test_reset_after_spike_costs_no_extra_weight_gradient_convolution():
 
 
 # ----------------------------------------------------------------------------- brainstate layers
-class BrainstateLayers(brainstate.nn.Module):
-    """brainstate.nn.ConvNd -> reset-after-spike LIF -> brainstate.nn.Linear readout."""
-
-    def __init__(self, rank, hidden_linear=False, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.rank, self.hidden_linear = rank, hidden_linear
-        size = (5,) * rank
-        conv = {1: brainstate.nn.Conv1d, 2: brainstate.nn.Conv2d, 3: brainstate.nn.Conv3d}[rank]
-        self.conv = conv((*size, 2), 3, 3, padding='SAME',
-                         w_init=jnp.asarray(rng.normal(size=(3,) * rank + (2, 3)) * 0.7),
-                         b_init=jnp.asarray(rng.normal(size=3) * 0.2))
-        self.shape = (*size, 3)
-        n = int(np.prod(self.shape))
-        if hidden_linear:      # a dense hidden layer with its bias inside the dynamics
-            self.fc = brainstate.nn.Linear(n, 7, w_init=jnp.asarray(rng.normal(size=(n, 7))),
-                                           b_init=jnp.asarray(rng.normal(size=7) * 0.2))
-            n = 7
-        self.readout = brainstate.nn.Linear(n, 3, w_init=jnp.asarray(rng.normal(size=(n, 3)) * 0.3))
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, *self.shape)))
-        if self.hidden_linear:
-            self.h2 = brainstate.HiddenState(jnp.zeros((batch_size, 7)))
-
-    def update(self, x):
-        v = 0.9 * self.h.value + self.conv(x)
-        s = spike(v - 1.0)
-        self.h.value = v - s
-        s = s.reshape(s.shape[0], -1)
-        if self.hidden_linear:
-            v2 = 0.8 * self.h2.value + self.fc(s)
-            s = spike(v2 - 0.5)
-            self.h2.value = v2 - 0.5 * s
-        return self.readout(s)
-
-
 @pytest.mark.parametrize('rank', [1, 2, 3])
 def test_brainstate_conv_layers_train_exactly_like_ours(rank):
     model = BrainstateLayers(rank)
@@ -246,31 +131,6 @@ def test_plain_jax_ops_are_lifted(form):
 
 
 # ----------------------------------------------------------------------------- dynamics parameters
-class Parametric(brainstate.nn.Module):
-    """Bias after the op, per-channel trainable tau, threshold and reset value."""
-
-    def __init__(self, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 2, 4)) * 0.8))
-        self.bias = brainstate.ParamState(jnp.asarray(rng.normal(size=4) * 0.2))
-        self.tau = brainstate.ParamState(jnp.asarray(rng.uniform(3.0, 8.0, size=4)))
-        self.theta = brainstate.ParamState(jnp.full((1, 4), 0.8))
-        self.v_reset = brainstate.ParamState(jnp.asarray(0.1))
-        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(7 * 4, 3)) * 0.3))
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 7, 4)))
-
-    def update(self, x):
-        y = bc.conv(x, self.K.value, strides=1, padding='SAME',
-                    dimension_numbers=('NWC', 'WIO', 'NWC')) + self.bias.value
-        v = jnp.exp(-1.0 / self.tau.value) * self.h.value + y
-        s = spike(v - self.theta.value)
-        self.h.value = v - s * (self.theta.value - self.v_reset.value)
-        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
-
-
 @pytest.mark.parametrize('make', [bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, decay=0.8)],
                          ids=['d-rtrl', 'es-d-rtrl'])
 def test_parameters_inside_the_dynamics_get_exact_traces(make):
@@ -287,18 +147,6 @@ def test_parameters_inside_the_dynamics_get_exact_traces(make):
         assert errors['K'] < EXACT
 
 
-class MixedParameter(Parametric):
-    """A parameter that mixes positions before reaching the state stays instantaneous."""
-
-    def update(self, x):
-        y = bc.conv(x, self.K.value, strides=1, padding='SAME',
-                    dimension_numbers=('NWC', 'WIO', 'NWC'))
-        v = 0.8 * self.h.value + y + jnp.sum(self.bias.value)     # mixes the 4 entries
-        s = spike(v - 0.8)
-        self.h.value = v - s
-        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
-
-
 def test_a_parameter_that_mixes_positions_is_labelled_instantaneous():
     model = MixedParameter()
     xs, labels = spikes_and_labels((3, 7, 2), T=8, p=0.5)
@@ -308,44 +156,6 @@ def test_a_parameter_that_mixes_positions_is_labelled_instantaneous():
 
 
 # ----------------------------------------------------------------------------- pooling
-class PoolBetween(OneLayer):
-    """conv -> linear pooling -> reset-after-spike LIF: average (brainstate.nn or ours), or a
-    padded sum pooling written with lax.reduce_window. With ``bias_before_pool`` the conv is
-    a plain lax convolution whose bias is added before the pooling, as brainstate.nn.Conv2d,
-    snnTorch and SpikingJelly models do."""
-
-    def __init__(self, pool, seed=0, bias_before_pool=False):
-        super().__init__('subtract', seed)
-        self.pool, self.bias_before_pool = pool, bias_before_pool
-        if pool == 'brainstate-avg':
-            self.pool_layer = brainstate.nn.AvgPool2d(2, 2)
-        elif pool == 'ours-avg':
-            self.pool_layer = nn.AvgPool2d(2, stride=2, layout='channels_last')
-        self.out = 3 * 3 * 4 if pool != 'sum-same' else 6 * 6 * 4
-        rng = np.random.default_rng(seed + 1)
-        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(self.out, 3)) * 0.3))
-
-    def init_state(self, batch_size=None, **kw):
-        side = 6 if self.pool == 'sum-same' else 3
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, side, side, 4)))
-
-    def update(self, x):
-        if self.bias_before_pool:
-            y = lax.conv_general_dilated(x, self.K.value, (1, 1), 'SAME',
-                                         dimension_numbers=('NHWC', 'HWIO', 'NHWC')) + self.b.value
-        else:
-            y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
-                        dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-        if self.pool == 'sum-same':
-            y = 0.5 * lax.reduce_window(y, 0.0, lax.add, (1, 3, 3, 1), (1, 1, 1, 1), 'SAME')
-        else:
-            y = self.pool_layer(y)
-        v = 0.9 * self.h.value + y
-        s = spike(v - 1.0)
-        self.h.value = v - s
-        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
-
-
 @pytest.mark.parametrize('bias_before_pool', [False, True])
 @pytest.mark.parametrize('pool', ['brainstate-avg', 'ours-avg', 'sum-same'])
 def test_linear_pooling_between_op_and_neuron_is_exact_in_drtrl(pool, bias_before_pool):
@@ -436,29 +246,6 @@ def test_gradients_of_quantity_parameters_carry_the_inverse_unit(make):
 
 
 # ----------------------------------------------------------------------------- dtypes
-class TypedLayer(brainstate.nn.Module):
-    """conv + reset-after-spike LIF + dense readout with parameters and state of one dtype."""
-
-    def __init__(self, dtype, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.dtype = dtype
-        self.K = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, 2, 4)) * 0.8, dtype))
-        self.b = brainstate.ParamState(jnp.full(4, 0.1, dtype))
-        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(6 * 6 * 4, 3)) * 0.3, dtype))
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 6, 6, 4), self.dtype))
-
-    def update(self, x):
-        y = bc.conv(x, self.K.value, self.b.value, strides=1, padding='SAME',
-                    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-        v = 0.9 * self.h.value + y
-        s = spike(v - 1.0)
-        self.h.value = v - s
-        return bc.dense(s.reshape(s.shape[0], -1), self.W.value)
-
-
 def flat(grads):
     return np.concatenate([np.ravel(np.asarray(g, np.float64)) for g in jax.tree.leaves(grads)])
 
@@ -492,45 +279,6 @@ def test_float64_inputs_drive_a_float32_model_like_float32_inputs():
 
 
 # ----------------------------------------------------------------------------- multi-layer
-class SpikingConvNet(brainstate.nn.Module):
-    """conv+LIF, (recurrent) conv+LIF with stride 2, dense readout: the standard shape."""
-
-    def __init__(self, recurrent, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.recurrent = recurrent
-        self.K1 = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, 2, 4)) * 0.8))
-        self.b1 = brainstate.ParamState(jnp.full(4, 0.1))
-        self.K2 = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, 4, 6)) * 0.6))
-        self.b2 = brainstate.ParamState(jnp.full(6, 0.1))
-        if recurrent:
-            self.R2 = brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, 6, 6)) * 0.3))
-        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(4 * 4 * 6, 3)) * 0.2))
-
-    def init_state(self, batch_size=None, **kw):
-        self.v1 = brainstate.HiddenState(jnp.zeros((batch_size, 8, 8, 4)))
-        self.v2 = brainstate.HiddenState(jnp.zeros((batch_size, 4, 4, 6)))
-
-    @staticmethod
-    def lif(v_old, current):
-        v = v_old - spike(v_old - 1.0)            # reset by subtraction of the last spike
-        return 0.9 * v + current
-
-    def update(self, x):
-        dn = ('NHWC', 'HWIO', 'NHWC')
-        v1 = self.lif(self.v1.value, bc.conv(x, self.K1.value, self.b1.value, strides=1,
-                                             padding='SAME', dimension_numbers=dn))
-        s1 = spike(v1 - 1.0)
-        i2 = bc.conv(s1, self.K2.value, self.b2.value, strides=2, padding='SAME',
-                     dimension_numbers=dn)
-        if self.recurrent:
-            i2 = i2 + bc.conv(spike(self.v2.value - 1.0), self.R2.value, strides=1,
-                              padding='SAME', dimension_numbers=dn)
-        v2 = self.lif(self.v2.value, i2)
-        self.v1.value, self.v2.value = v1, v2
-        return bc.dense(spike(v2 - 1.0).reshape(v2.shape[0], -1), self.W.value)
-
-
 # Cosine floors. Measured over 8 seeds of model and data (T=20, batch 4): minimum /
 # mean cosine to BPTT was 0.921 / 0.977 (D-RTRL) and 0.918 / 0.976 (ES-D-RTRL) for
 # the feed-forward net, 0.710 / 0.932 and 0.692 / 0.929 for the recurrent one; the

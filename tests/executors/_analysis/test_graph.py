@@ -5,7 +5,6 @@ Small hand-written steps whose ops, groups and cuts are known in closed form
 longer matches BPTT end to end; and the models the analysis refuses, each refusal
 naming what it found.
 """
-import brainstate
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,15 +12,12 @@ import pytest
 from jax import lax
 
 import braintrace_conv as bc
-from braintrace_conv.executors._analysis.graph import analyse, min_vertex_cut
-from braintrace_conv.executors._analysis.step import capture_step
+from braintrace_conv.executors._analysis.graph import min_vertex_cut
 from snn_reference import spike, xent
-from executors.test_d_rtrl import CONV_CASES, ConvTanh, _conv_data, sq_loss
-from executors.test_user_models import OneLayer, spikes_and_labels
+from user_models import (CONV_CASES, B, Chained, ConvTanh, K, OneLayer, ResetNeuron, analysed,
+                         conv_data, spikes_and_labels, sq_loss)
 
 pytestmark = pytest.mark.usefixtures('float64')
-
-B, K, IN = 2, 3, 4
 
 
 # ----------------------------------------------------------------------------- vertex cut
@@ -51,62 +47,8 @@ def test_the_cut_meets_every_path():
 
 
 # ----------------------------------------------------------------------------- analyse
-class ResetNeuron(brainstate.nn.Module):
-    """``y = x W``; ``v = a h + c * y``; ``s = tanh(v)``; ``h' = v - beta * s``; output ``s``
-    through a dense readout. ``c`` (per channel) and ``beta`` are inside the dynamics."""
-
-    def __init__(self, a=0.8, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.a = a
-        self.W = brainstate.ParamState(jnp.asarray(rng.normal(size=(IN, K))))
-        self.c = brainstate.ParamState(jnp.asarray(rng.uniform(0.5, 1.5, size=K)))
-        self.beta = brainstate.ParamState(jnp.asarray(0.4))
-        self.R = brainstate.ParamState(jnp.asarray(rng.normal(size=(K, 2))))
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.asarray(np.random.default_rng(1).normal(
-            size=(batch_size, K))))
-
-    def update(self, x):
-        v = self.a * self.h.value + self.c.value * bc.dense(x, self.W.value)
-        s = jnp.tanh(v)
-        self.h.value = v - self.beta.value * s
-        return bc.dense(s, self.R.value)
-
-
-class Chained(brainstate.nn.Module):
-    """Two stored states, the second integrating the first's new value: ``v = 0.9 h1 + y``,
-    ``u = 0.7 h2 + v``; both are the new states and the output reads both."""
-
-    def __init__(self, seed=0):
-        super().__init__()
-        self.W = brainstate.ParamState(jnp.asarray(np.random.default_rng(seed).normal(
-            size=(IN, K))))
-
-    def init_state(self, batch_size=None, **kw):
-        rng = np.random.default_rng(2)
-        self.h1 = brainstate.HiddenState(jnp.asarray(rng.normal(size=(batch_size, K))))
-        self.h2 = brainstate.HiddenState(jnp.asarray(rng.normal(size=(batch_size, K))))
-
-    def update(self, x):
-        v = 0.9 * self.h1.value + bc.dense(x, self.W.value)
-        u = 0.7 * self.h2.value + v
-        self.h1.value, self.h2.value = v, u
-        return jnp.tanh(v) + jnp.sin(u)
-
-
-def _analysed(model):
-    brainstate.nn.init_all_states(model, B)
-    x = jnp.asarray(np.random.default_rng(3).normal(size=(B, IN)))
-    graph = analyse(capture_step(model, jax.ShapeDtypeStruct(x.shape, x.dtype)))
-    step = graph.step
-    params = step.param_leaves()
-    return graph, step.hidden_leaves(), params, graph.weights(params), [x]
-
-
 def test_analyse_finds_ops_group_cut_and_parameters_inside_the_dynamics():
-    graph, *_ = _analysed(ResetNeuron())
+    graph, *_ = analysed(ResetNeuron())
     names = graph.step.param_names
     first, readout = graph.ops
     assert first.group == 0 and first.h_to_y is None and first.slot_params == {
@@ -124,7 +66,7 @@ def test_analyse_finds_ops_group_cut_and_parameters_inside_the_dynamics():
 
 
 def test_analyse_marks_cut_values_computed_from_one_another_as_chained():
-    graph, *_ = _analysed(Chained())
+    graph, *_ = analysed(Chained())
     grp, = graph.groups
     assert grp.names == ['h1', 'h2'] and grp.m == 2
     assert grp.identity_release and grp.chained
@@ -144,7 +86,7 @@ class NormBetween(ConvTanh):
 def test_norm_between_conv_and_neuron_is_rejected_naming_op_and_parameter(make):
     x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
     model = NormBetween(x_shape, k_shape, kw, ch)
-    xs, targets = _conv_data(x_shape)
+    xs, targets = conv_data(x_shape)
     with pytest.raises(ValueError, match=r'non-elementwise op \(reduce_sum.*etp_conv #0 \(K, b\)'):
         make(model).value_and_grad(sq_loss, xs, targets)
     bc.BPTT(model).value_and_grad(sq_loss, xs, targets)   # BPTT has no such restriction
@@ -162,7 +104,7 @@ class StateDependentKernel(ConvTanh):
 def test_parameter_reaching_the_loss_by_no_supported_path_is_rejected():
     x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
     model = StateDependentKernel(x_shape, k_shape, kw, ch)
-    xs, targets = _conv_data(x_shape)
+    xs, targets = conv_data(x_shape)
     with pytest.raises(ValueError, match="'weight' operand of etp_conv #0 is computed from "
                                          "parameter 'K', hidden state 'h'"):
         bc.D_RTRL(model).value_and_grad(sq_loss, xs, targets)
@@ -182,7 +124,7 @@ class StateScaledLaxKernel(ConvTanh):
 def test_a_plain_convolution_whose_kernel_a_state_scales_is_refused_naming_both():
     x_shape, k_shape, kw, ch = CONV_CASES['1d-default-stride2-same']
     model = StateScaledLaxKernel(x_shape, k_shape, kw, ch)
-    xs, targets = _conv_data(x_shape)
+    xs, targets = conv_data(x_shape)
     with pytest.raises(ValueError, match="weight operand of conv_general_dilated is computed "
                                          "from parameter 'K', hidden state 'h'"):
         bc.ES_D_RTRL(model, 0.9).value_and_grad(sq_loss, xs, targets)

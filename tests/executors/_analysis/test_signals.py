@@ -9,13 +9,13 @@ from braintrace_conv.executors._analysis.signals import (
     chained_learning_signal, dynamic_trace_inputs, init_release, learning_signals,
     output_jacobian, parameter_jacobians, release_jacobians, state_jacobian, step_point,
     transition)
-from executors._analysis.test_graph import B, K, Chained, ResetNeuron, _analysed
+from user_models import B, K, Chained, ResetNeuron, analysed
 
 pytestmark = pytest.mark.usefixtures('float64')
 
 
 def _point(model, outputs=2):
-    graph, hidden, params, weights, inputs = _analysed(model)
+    graph, hidden, params, weights, inputs = analysed(model)
     target = jnp.asarray(np.random.default_rng(4).normal(size=(B, outputs)))
     loss_fn = lambda out, tgt: jnp.sum(out * tgt)
     eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in graph.cut_vars]

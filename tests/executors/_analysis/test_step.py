@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import braintrace_conv as bc
-from executors._analysis.test_graph import IN, K, _analysed
+from user_models import IN, K, analysed
 
 pytestmark = pytest.mark.usefixtures('float64')
 
@@ -36,7 +36,7 @@ class DelayLine(brainstate.nn.Module):
 def test_states_that_pass_values_along_are_in_their_group():
     """A state whose new value is another state's old value, an op's output, or another
     state's new value still has a new value of its own, in the group it feeds."""
-    graph, *_ = _analysed(DelayLine())
+    graph, *_ = analysed(DelayLine())
     new = graph.step.new_hidden_vars
     assert len(set(new)) == len(new)          # each state's new value is its own variable
     grp, = graph.groups
@@ -67,7 +67,7 @@ class Pipeline(brainstate.nn.Module):
 
 
 def test_an_old_value_read_by_another_layer_is_cut_and_a_recurrent_one_is_given():
-    graph, *_ = _analysed(Pipeline())
+    graph, *_ = analysed(Pipeline())
     step = graph.step
     first = next(g for g in graph.groups if 'h1' in g.names)
     second = next(g for g in graph.groups if g.names == ['h2'])
