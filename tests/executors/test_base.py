@@ -146,7 +146,7 @@ def test_a_saved_run_of_another_shape_is_refused_naming_both():
 # ----------------------------------------------------------------------------- online API
 @pytest.mark.parametrize('make', [bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, 0.9), bc.BPTT],
                          ids=['d-rtrl', 'es-d-rtrl', 'bptt'])
-def test_finite_windows_equal_one_call(make):
+def test_advance_in_chunks_equals_one_call(make):
     """Stepping 3 steps at a time with traces carried equals one call over 9 steps
     (for BPTT, stepping is truncated BPTT, so only the loss is compared)."""
     model = TwoVariable(chained=True)
