@@ -186,10 +186,14 @@ def test_a_call_from_zero_traces_reuses_the_last_calls_buffers(make):
         for key in want:
             assert rel_err(grads[key], want[key]) < 1e-12, key
 
+    alive = jax.live_arrays()       # kept referenced, so that no id below is reused
+    known = {id(a) for a in alive}
     check(learner.value_and_grad(sin_loss, xs, targets)[1])
-    traces = jax.tree.leaves(learner._carry[1])
+    held = [a for a in jax.live_arrays() if id(a) not in known]    # what the learner keeps
     check(learner.value_and_grad(sin_loss, xs, targets)[1])
-    assert traces and all(a.is_deleted() for a in traces), 'the buffers were not reused'
+    # a donated buffer is deleted; the arrays the second call consumed hold every trace
+    donated = sum(a.nbytes for a in held if a.is_deleted())
+    assert donated >= learner.report().trace_bytes > 0, 'the buffers were not reused'
     learner.reset(2)
     learner.advance(sin_loss, xs[:3], targets[:3])
     learner.advance(sin_loss, xs[3:], targets[3:])

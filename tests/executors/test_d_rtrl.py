@@ -39,7 +39,7 @@ def test_drtrl_equals_bptt_with_flatten_between_conv_and_neuron():
     xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
-    assert learner._last[1].ops[0].h_to_y is None   # a reshape keeps row-major order
+    assert learner.analysis().ops[0].h_to_y is None   # a reshape keeps row-major order
 
 
 class TransposedNeuron(ConvTanh):
@@ -62,7 +62,7 @@ def test_drtrl_equals_bptt_with_transpose_between_conv_and_neuron():
     xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
-    assert learner._last[1].ops[0].h_to_y is not None
+    assert learner.analysis().ops[0].h_to_y is not None
 
 
 class InputGated(ConvTanh):
@@ -86,12 +86,12 @@ def test_state_jacobian_is_evaluated_a_step_early_only_when_it_reads_only_the_st
     xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
-    assert jacobian_reads_only_state(learner._last[1]) is early
+    assert jacobian_reads_only_state(learner.analysis()) is early
     # a constant leak depends on neither and stays in its step too (XLA folds it)
     leaky = LinearLeaky(0.8)
     learner = bc.D_RTRL(leaky)
     learner.value_and_grad(sin_loss, jnp.ones((2, 2, 8, 8, 2)), jnp.ones((2, 2, 4, 4, 5)))
-    assert jacobian_reads_only_state(learner._last[1]) is False
+    assert jacobian_reads_only_state(learner.analysis()) is False
 
 
 class Bypass(ConvTanh):
@@ -111,7 +111,7 @@ def test_drtrl_equals_bptt_when_the_op_output_also_bypasses_the_neuron():
     xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
-    (group,) = learner._last[1].groups
+    (group,) = learner.analysis().groups
     assert group.m == 2 and not group.identity_release   # the cut holds y as well as h
 
 
@@ -123,7 +123,7 @@ def test_drtrl_equals_bptt_two_variable_neuron(chained):
     targets = jnp.asarray(rng.normal(size=(8, 2, 2)))
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sin_loss)
-    (group,) = learner._last[1].groups
+    (group,) = learner.analysis().groups
     assert group.n == 2 and group.chained == chained
 
 
@@ -178,7 +178,7 @@ def test_user_registered_primitive_with_the_same_rules_is_used_unchanged():
     xs, targets = conv_data(x_shape)
     learner = bc.D_RTRL(model)
     assert_matches_bptt(model, learner, xs, targets, sq_loss)
-    assert learner._last[1].ops[0].primitive is my_conv
+    assert learner.analysis().ops[0].primitive is my_conv
 
 
 def _conv_params(x, K, b, kw):

@@ -260,9 +260,13 @@ def test_bfloat16_model_with_float32_traces(make):
     learner = make(TypedLayer(jnp.bfloat16))
     _, grads = learner.value_and_grad(xent, xs, labels)       # float64 data, cast to bfloat16
     assert all(g.dtype == jnp.bfloat16 for g in jax.tree.leaves(grads))
-    state = jax.eval_shape(lambda: learner._init_state(learner._last[1], None))
-    traces = jax.tree.leaves((state['ops'], state['dyn']))
-    assert {t.dtype for t in traces} == {np.dtype(np.float32)}
+    learner.reset(xs.shape[1])
+    learner.advance(xent, xs, labels)
+    leaves = learner.online_state()['leaves']     # the model's hidden states and the traces
+    assert {a.dtype for a in leaves} == {np.dtype(jnp.bfloat16), np.dtype(np.float32)}
+    # every trace the report counts is float32
+    float32 = sum(a.nbytes for a in leaves if a.dtype == np.float32)
+    assert float32 >= learner.report().trace_bytes > 0
     a, b = flat(grads), flat(ref)
     cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
     print(f'bfloat16 compute, float32 traces: cosine to float32 {cos:.4f}')
@@ -345,7 +349,7 @@ def test_online_executors_on_the_library_models(make):
     _, ref = bc.BPTT(model).value_and_grad(xent, xs, labels)
     learner = bc.D_RTRL(model)
     _, grads = learner.value_and_grad(xent, xs, labels)
-    graph = learner._last[1]
+    graph = learner.analysis()
     assert [grp.m for grp in graph.groups] == [grp.n for grp in graph.groups]
     for key in ref:
         assert np.all(np.isfinite(grads[key])) and np.abs(grads[key]).max() > 0, key

@@ -140,9 +140,16 @@ def test_an_undeclared_primitive_is_refused_naming_it_and_the_declaration(prim):
         _grads(prim, bc.D_RTRL)
 
 
-def test_a_declared_primitive_is_accepted(monkeypatch):
+@pytest.fixture
+def elementwise_registry(monkeypatch):
+    """A copy of the registry ``register_elementwise`` adds to, for one test: a declaration
+    cannot be undone through the public API, and later tests need the primitive
+    undeclared (so this reads the module's private registry)."""
     from braintrace_conv.executors._analysis import positions
     monkeypatch.setattr(positions, '_ELEMENTWISE', set(positions._ELEMENTWISE))
+
+
+def test_a_declared_primitive_is_accepted(elementwise_registry):
     bc.register_elementwise(no_definition.name)
     exact = _grads(no_definition, bc.D_RTRL)
     ref = _grads(no_definition, bc.BPTT)
@@ -159,8 +166,6 @@ def test_a_declaration_of_no_primitive_is_refused(bad, error, match):
         bc.register_elementwise(bad)
 
 
-def test_a_primitive_object_can_be_declared(monkeypatch):
-    from braintrace_conv.executors._analysis import positions
-    monkeypatch.setattr(positions, '_ELEMENTWISE', set(positions._ELEMENTWISE))
+def test_a_primitive_object_can_be_declared(elementwise_registry):
     bc.register_elementwise(no_definition)
     _grads(no_definition, bc.D_RTRL)            # refused before the declaration
