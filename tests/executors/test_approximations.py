@@ -18,6 +18,8 @@ import braintrace_conv as bc
 import dense_reference as dense
 from delay_models import DELAY_MODELS, SHDLike
 from snn_reference import EXACT, rel_err, xent
+from user_models import (BrainstateLayers, MixedParameter, OneLayer, Parametric, PoolBetween,
+                         SpikingConvNet, UserConvNet, ours)
 
 pytestmark = pytest.mark.usefixtures('float64')
 
@@ -27,32 +29,20 @@ DECAY = 0.9
 T, BATCH, WINDOW = 8, 2, 3
 
 
-def _user_models():
-    """The user-style models of the exactness tests: name -> (constructor, input shape)."""
-    import executors.test_d_rtrl as te
-    import executors.test_scan as tw
-    import executors.test_user_models as um
-    models = {f'one-layer-{style}': (lambda style=style: um.OneLayer(style), (6, 6, 2))
-              for style in ('subtract', 'old-and-new', 'alif-reset')}
-    models.update({
-        'brainstate-hidden-linear': (lambda: um.BrainstateLayers(1, hidden_linear=True), (5, 2)),
-        'parameters-in-dynamics': (um.Parametric, (7, 2)),
-        'mixing-parameter': (um.MixedParameter, (7, 2)),
-        'sum-pool-bias-before': (lambda: um.PoolBetween('sum-same', bias_before_pool=True),
-                                 (6, 6, 2)),
-        'recurrent-conv': (lambda: te.SpikingConvNet(True), (8, 8, 2)),
-        'user-recurrent-brainstate': (lambda: tw.UserConvNet(True), (6, 6, 2)),
-        'ours-recurrent-pooled': (lambda: tw.ours(pool=2), (2, 6, 6)),
-    })
-    return models
-
-
 MODELS = {**{name: (make, (6, 6, 2)) for name, make in DELAY_MODELS.items()},
           'shd-like': (SHDLike, (3, 20))}
-USER_MODELS = ['one-layer-subtract', 'one-layer-old-and-new', 'one-layer-alif-reset',
-               'brainstate-hidden-linear', 'parameters-in-dynamics', 'mixing-parameter',
-               'sum-pool-bias-before', 'recurrent-conv', 'user-recurrent-brainstate',
-               'ours-recurrent-pooled']
+# The user-style models of the exactness tests: name -> (constructor, input shape).
+USER_MODELS = {
+    **{f'one-layer-{style}': (lambda style=style: OneLayer(style), (6, 6, 2))
+       for style in ('subtract', 'old-and-new', 'alif-reset')},
+    'brainstate-hidden-linear': (lambda: BrainstateLayers(1, hidden_linear=True), (5, 2)),
+    'parameters-in-dynamics': (Parametric, (7, 2)),
+    'mixing-parameter': (MixedParameter, (7, 2)),
+    'sum-pool-bias-before': (lambda: PoolBetween('sum-same', bias_before_pool=True), (6, 6, 2)),
+    'recurrent-conv': (lambda: SpikingConvNet(True), (8, 8, 2)),
+    'user-recurrent-brainstate': (lambda: UserConvNet(True), (6, 6, 2)),
+    'ours-recurrent-pooled': (lambda: ours(pool=2), (2, 6, 6)),
+}
 EXECUTORS = {'d-rtrl': lambda m, w: bc.D_RTRL(m, window=w),
              'es-d-rtrl': lambda m, w: bc.ES_D_RTRL(m, DECAY, window=w)}
 # The default suite checks each executor and window kind on the models of the reported
@@ -76,7 +66,7 @@ _REFERENCES = {}
 def reference(name):
     """``(model, xs, labels, BPTT gradients, step, Jacobians)`` for model ``name``, built once."""
     if name not in _REFERENCES:
-        make, shape = MODELS[name] if name in MODELS else _user_models()[name]
+        make, shape = MODELS[name] if name in MODELS else USER_MODELS[name]
         rng = np.random.default_rng(0)
         xs = jnp.asarray(rng.random((T, BATCH, *shape)) < 0.4, jnp.float64)
         labels = jnp.asarray(rng.integers(0, 3, (T, BATCH)))

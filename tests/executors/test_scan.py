@@ -11,73 +11,15 @@ import pytest
 import saiunit as u
 
 import braintrace_conv as bc
-import braintrace_conv.models
 from braintrace_conv import nn
-from snn_reference import EXACT, cosine, rel_err, spike, xent
-from executors.test_user_models import Parametric
+from snn_reference import EXACT, cosine, rel_err, xent
+from user_models import Parametric, UserConvNet, ours
 
 
 pytestmark = pytest.mark.usefixtures('float64')
 
 
 EXECUTORS = {'d-rtrl': bc.D_RTRL, 'es-d-rtrl': lambda m, **kw: bc.ES_D_RTRL(m, 0.9, **kw)}
-
-
-class ResetLIF(brainstate.nn.Module):
-    """``v = a h + I; s = spike(v - 1); h = v - s``; returns ``s`` (post-reset state)."""
-
-    def __init__(self, shape, decay=0.9):
-        super().__init__()
-        self.shape, self.decay = tuple(shape), decay
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, *self.shape)))
-
-    def update(self, current):
-        v = self.decay * self.h.value + current
-        s = spike(v - 1.0)
-        self.h.value = v - s
-        return s
-
-
-class UserConvNet(brainstate.nn.Module):
-    """brainstate.nn.Conv2d + LIF, Conv2d (stride 2) + LIF, optionally a recurrent Conv2d of
-    the second layer's last spikes (kept in a state), brainstate.nn.Linear readout."""
-
-    def __init__(self, recurrent, seed=0):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        w = lambda *shape, scale: jnp.asarray(rng.normal(size=shape) * scale)
-        self.recurrent = recurrent
-        self.conv1 = brainstate.nn.Conv2d((6, 6, 2), 3, 3, padding='SAME',
-                                          w_init=w(3, 3, 2, 3, scale=0.8), b_init=w(3, scale=0.2))
-        self.lif1 = ResetLIF((6, 6, 3))
-        self.conv2 = brainstate.nn.Conv2d((6, 6, 3), 4, 3, stride=2, padding='SAME',
-                                          w_init=w(3, 3, 3, 4, scale=0.7), b_init=w(4, scale=0.2))
-        if recurrent:
-            self.rec = brainstate.nn.Conv2d((3, 3, 4), 4, 3, padding='SAME',
-                                            w_init=w(3, 3, 4, 4, scale=0.8), b_init=None)
-        self.lif2 = ResetLIF((3, 3, 4), decay=0.85)
-        self.readout = brainstate.nn.Linear(36, 3, w_init=w(36, 3, scale=0.5))
-
-    def init_state(self, batch_size=None, **kw):
-        if self.recurrent:
-            self.s2 = brainstate.HiddenState(jnp.zeros((batch_size, 3, 3, 4)))
-
-    def update(self, x):
-        current = self.conv2(self.lif1(self.conv1(x)))
-        if self.recurrent:
-            current = current + self.rec(self.s2.value)
-        s = self.lif2(current)
-        if self.recurrent:
-            self.s2.value = s
-        return self.readout(s.reshape(s.shape[0], -1))
-
-
-def ours(pool=1):
-    brainstate.random.seed(1)
-    return bc.models.recurrent_conv_snn((2, 6, 6), 3, channels=(3, 4), recurrent=True,
-                                        readout='li', pool=pool)
 
 
 def data(shape, T, seed=0, p=0.4):

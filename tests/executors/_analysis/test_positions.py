@@ -1,4 +1,5 @@
-"""Which undeclared primitives count as elementwise: read from their definitions."""
+"""Positions (``positions.py``): which element each value comes from, and which
+undeclared primitives count as elementwise, read from their definitions."""
 import brainstate
 import jax
 import jax.numpy as jnp
@@ -8,10 +9,51 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 import braintrace_conv as bc
-from braintrace_conv.executors._analysis.positions import acts_elementwise, propagate
+from braintrace_conv.executors._analysis.positions import MIXED, acts_elementwise, propagate
 from snn_reference import xent
 
 
+# ----------------------------------------------------------------------------- positions
+def _reach(fn, *args, **kw):
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+    source = jaxpr.invars[0]
+    ident = np.arange(source.aval.size).reshape(source.aval.shape)
+    return jaxpr, ident, propagate(jaxpr, {source: ident}, {}, **kw)
+
+
+def test_positions_follow_elementwise_ops_reshapes_and_transposes():
+    x = jnp.ones((2, 3))
+    jaxpr, ident, reach = _reach(lambda x: (jnp.tanh(2.0 * x) + 1.0).T.reshape(6), x)
+    assert reach.mixing is None
+    np.testing.assert_array_equal(reach.index[jaxpr.outvars[0]], ident.T.reshape(6))
+
+
+def test_a_reduction_mixes_positions_and_is_named():
+    jaxpr, _, reach = _reach(lambda x: jnp.sum(x, axis=1) * 2.0, jnp.ones((2, 3)))
+    assert reach.mixing == 'reduce_sum'
+    assert reach.index[jaxpr.outvars[0]] is MIXED
+    assert jaxpr.invars[0] in reach.sinks      # the value the mixing op read
+
+
+def test_a_broadcast_copies_a_position_only_when_allowed():
+    fn = lambda b, x: x + b          # a per-channel bias over (batch, channel)
+    b, x = jnp.ones(3), jnp.ones((2, 3))
+    jaxpr, _, reach = _reach(fn, b, x, broadcast=True)
+    np.testing.assert_array_equal(reach.index[jaxpr.outvars[0]], [[0, 1, 2], [0, 1, 2]])
+    _, _, strict = _reach(fn, b, x)
+    assert strict.mixing is not None
+
+
+def test_new_hidden_values_are_recorded_as_finals():
+    jaxpr = jax.make_jaxpr(lambda h: (0.5 * h, jnp.flip(h)))(jnp.ones(4)).jaxpr
+    ident = np.arange(4)
+    final_of = {jaxpr.outvars[0]: 0, jaxpr.outvars[1]: 1}
+    reach = propagate(jaxpr, {jaxpr.invars[0]: ident}, final_of)
+    np.testing.assert_array_equal(reach.finals[0], ident)
+    assert reach.mixing == 'rev'               # flip reorders positions: not followed
+
+
+# ----------------------------------------------------------------------------- elementwise
 def _eqn(fn, *args):
     return jax.make_jaxpr(fn)(*args).jaxpr.eqns[-1]
 
@@ -98,9 +140,16 @@ def test_an_undeclared_primitive_is_refused_naming_it_and_the_declaration(prim):
         _grads(prim, bc.D_RTRL)
 
 
-def test_a_declared_primitive_is_accepted(monkeypatch):
+@pytest.fixture
+def elementwise_registry(monkeypatch):
+    """A copy of the registry ``register_elementwise`` adds to, for one test: a declaration
+    cannot be undone through the public API, and later tests need the primitive
+    undeclared (so this reads the module's private registry)."""
     from braintrace_conv.executors._analysis import positions
     monkeypatch.setattr(positions, '_ELEMENTWISE', set(positions._ELEMENTWISE))
+
+
+def test_a_declared_primitive_is_accepted(elementwise_registry):
     bc.register_elementwise(no_definition.name)
     exact = _grads(no_definition, bc.D_RTRL)
     ref = _grads(no_definition, bc.BPTT)
@@ -117,8 +166,6 @@ def test_a_declaration_of_no_primitive_is_refused(bad, error, match):
         bc.register_elementwise(bad)
 
 
-def test_a_primitive_object_can_be_declared(monkeypatch):
-    from braintrace_conv.executors._analysis import positions
-    monkeypatch.setattr(positions, '_ELEMENTWISE', set(positions._ELEMENTWISE))
+def test_a_primitive_object_can_be_declared(elementwise_registry):
     bc.register_elementwise(no_definition)
     _grads(no_definition, bc.D_RTRL)            # refused before the declaration
