@@ -198,12 +198,15 @@ def _train_epoch(trainer, dataset, batch_size: int, epochs: int, progress: bool,
 
 
 def _save_run(trainer, out_dir: Path, improved: bool) -> None:
-    """The last (and, ``improved``, the best) checkpoint, ``metrics.json`` and the curve."""
+    """The last (and, ``improved``, the best) checkpoint, ``metrics.json`` and the curve,
+    into the run directory still held (:func:`~.run_dir.locked` raises
+    :class:`~.run_dir.RunDirectoryLostError` if it was removed meanwhile)."""
     arrays, meta = state.snapshot(trainer)
-    checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
-    if improved:
-        checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
-    trainer.write_logs(out_dir)
+    with run_dir.locked(out_dir):
+        checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
+        if improved:
+            checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
+        trainer.write_logs(out_dir)
 
 
 def _bar_shown() -> bool:

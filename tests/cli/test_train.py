@@ -18,6 +18,15 @@ from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOI
 
 from cli_runs import AUDIO, EVENT_TINY, TINY, TRAIN, error_line, files_of, refused
 
+
+def cli(*argv, timeout=120, prelude=''):
+    """``braintrace-conv argv`` in a fresh process (after the Python code ``prelude``)."""
+    code = (f'{prelude}\nimport sys\nfrom braintrace_conv.cli import main\n'
+            f'sys.exit(main(sys.argv[1:]))')
+    return subprocess.run([sys.executable, '-c', code, *map(str, argv)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
 RUN_DIRECTORIES = [  # refused: nothing on disk is created or changed
     ([*TRAIN, '--out', '{run}'], r'--out .*run already holds a run \(checkpoint-last.npz, '
                                  r'checkpoint-best.npz, .*pass --resume to continue it or '
@@ -220,6 +229,58 @@ def test_a_locked_run_directory_names_its_holder(run, tmp_path, capsys):
         holder.kill()
         holder.wait()
     assert (out / LAST_CHECKPOINT).read_bytes() == (run / LAST_CHECKPOINT).read_bytes()
+
+
+def test_a_lock_file_that_is_no_regular_file_is_named_and_never_waited_for(tmp_path, capsys):
+    out = tmp_path / 'run'
+    out.mkdir()
+    os.mkfifo(out / '.lock')        # opened for reading, a FIFO blocks until a writer comes
+    done = cli('train', *TINY, '--out', out, timeout=60)
+    assert done.returncode == 2 and 'Traceback' not in done.stderr
+    assert done.stderr.endswith(f'error: --out: the lock file {out}/.lock is a FIFO, not a '
+                                f'regular file; remove it to write a run in {out}.\n'), done.stderr
+    for kind, make in (('a symbolic link', lambda p: p.symlink_to(tmp_path / 'elsewhere')),
+                       ('a directory', lambda p: p.mkdir())):
+        out = tmp_path / kind.split()[-1]
+        out.mkdir()
+        make(out / '.lock')
+        assert main(['train', *TINY, '--out', str(out)]) == 2
+        assert error_line(capsys) == (f'braintrace-conv: error: --out: the lock file '
+                                      f'{out}/.lock is {kind}, not a regular file; remove it to '
+                                      f'write a run in {out}.')
+        assert os.listdir(out) == ['.lock'] and not (tmp_path / 'elsewhere').exists()
+
+
+def test_without_fcntl_a_lock_left_on_another_host_names_the_file_to_remove(tmp_path):
+    out = tmp_path / 'run'
+    out.mkdir()
+    (out / '.lock').write_text('4242 otherhost 0123\n')    # a day old: its host crashed
+    os.utime(out / '.lock', (time.time() - 86400,) * 2)
+    done = cli('train', *TINY, '--out', out, prelude="import sys; sys.modules['fcntl'] = None")
+    assert done.returncode == 2 and 'Traceback' not in done.stderr
+    assert done.stderr.endswith(
+        f'error: --out: {out} is in use: another process (pid 4242 on otherhost) is writing a '
+        f'run in it; wait for it to end or stop it; if it no longer runs on otherhost, remove '
+        f'its lock file {out}/.lock (written 24.0 h ago).\n'), done.stderr
+    assert os.listdir(out) == ['.lock']
+
+
+def test_a_run_directory_removed_during_the_run_is_said_so(tmp_path):
+    out = tmp_path / 'run'
+    run = run_cli(out)
+    deadline = time.monotonic() + 300
+    while not (out / LAST_CHECKPOINT).exists():
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    os.rename(out, tmp_path / 'removed')    # as a user removing it sees it: gone at once
+    shutil.rmtree(tmp_path / 'removed', ignore_errors=True)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 1 and 'Traceback' not in err, err
+    assert err == (f'braintrace-conv: error: the run directory {out} was removed or replaced '
+                   f'while this process was writing a run in it (its lock file .lock is no '
+                   f'longer the one it holds); nothing more is written there.\n')
+    assert not out.exists()     # never created again
 
 
 def test_an_impossible_learning_rate_is_named(tmp_path):
