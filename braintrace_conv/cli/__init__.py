@@ -24,7 +24,8 @@ a file of a ``--stream`` data set whose size or modification time changed is
 named and refused (a run written by a version that recorded paths only is
 checked by its paths, and a warning says so). A
 resumed run first repairs what a run killed after its last checkpoint left
-behind (best checkpoint, ``metrics.json``, learning curve, temporary files);
+behind (best checkpoint, ``metrics.json`` and the summary a finished run adds
+to it, learning curve, temporary files);
 a directory another process is training in is refused with that process's pid.
 
 ``braintrace-conv evaluate --run DIR`` rebuilds the data and model of a saved

@@ -17,7 +17,13 @@ from .options import spell
 from .parser import PROG, Interrupted, UsageError, usage_error
 from .resolve import option_list, resolve, run_config
 
-__all__ = ['train']
+__all__ = ['train', 'SUMMARY']
+
+#: What the command adds to ``metrics.json`` when a run is finished, after the last epoch's
+#: own write: the task, the wall time and peak resident memory of the command that finished
+#: it, and the sizes of the training and test sets. A finished run whose ``metrics.json``
+#: lacks them is repaired on ``--resume``.
+SUMMARY = ('task', 'wall_time_s', 'peak_rss_mb', 'num_train', 'num_test')
 
 
 def _out_error(run, error: Exception, usage: str) -> UsageError:
@@ -49,7 +55,7 @@ def _resume(run, usage: str) -> bool:
                          f'{option_list(differences)}; give the same options, or another '
                          f'--out', usage)
     if meta['epoch'] >= run.epochs:
-        lagging = run_dir.lagging(run.out, meta['epoch'], meta.get('best'))
+        lagging = run_dir.lagging(run.out, meta['epoch'], meta.get('best'), SUMMARY)
         if lagging:
             print(f'the run in {run.out} is finished ({meta["epoch"]} epochs) but was '
                   f'interrupted while writing its files; repairing {", ".join(lagging)}')
@@ -133,8 +139,8 @@ def _fit(run, usage: str, start: float, trainer: Trainer, train_set, test_set) -
         raise Interrupted(_interrupted(run, trainer)) from None
     wall = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    metrics = trainer.write_logs(run.out, task=run.task, wall_time_s=wall, peak_rss_mb=peak_mb,
-                                 num_train=len(train_set), num_test=len(test_set))
+    summary = dict(zip(SUMMARY, (run.task, wall, peak_mb, len(train_set), len(test_set))))
+    metrics = trainer.write_logs(run.out, **summary)
     if trainer.updates and trainer.skipped_updates == trainer.updates:
         warnings.warn(f'all {trainer.updates} updates were skipped for non-finite values, so '
                       f'the model did not learn; lower --lr (now {run.lr:g})', RuntimeWarning)

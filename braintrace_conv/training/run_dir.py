@@ -537,11 +537,15 @@ def _stale_temporaries(directory: Path) -> list:
             + sorted(directory.glob(f'{TRASH_PREFIX}*')))
 
 
-def lagging(directory: Union[str, os.PathLike], epoch: int, best: Optional[dict]) -> list:
+def lagging(directory: Union[str, os.PathLike], epoch: int, best: Optional[dict],
+            summary: tuple = ()) -> list:
     """Names of the files of the run in ``directory`` that lag behind its last checkpoint
     (``epoch`` completed, ``best`` its best-epoch entry), as a run killed during the writes
     that follow that checkpoint leaves them: the best checkpoint (when the last epoch was
-    the best), ``metrics.json``, the learning curve, and temporary files."""
+    the best), ``metrics.json`` (of an earlier epoch, or without the keys ``summary`` that
+    the caller writes when the run is finished), the learning curve, and temporary files.
+    ``metrics.json`` is the last file each epoch writes, so one of this epoch tells that
+    the curve is this epoch's too."""
     from .checkpoint import CheckpointError, read
 
     directory = Path(directory)
@@ -555,10 +559,10 @@ def lagging(directory: Union[str, os.PathLike], epoch: int, best: Optional[dict]
             found.append(BEST_CHECKPOINT)
     try:
         logged = json.loads((directory / METRICS_NAME).read_bytes())
-        logged = logged.get('epochs_completed') if isinstance(logged, dict) else None
     except (OSError, ValueError):
         logged = None
-    if epoch and logged != epoch:
+    logged = logged if isinstance(logged, dict) else {}
+    if epoch and (logged.get('epochs_completed') != epoch or not set(summary) <= set(logged)):
         found.append(METRICS_NAME)
     if epoch and not (directory / CURVE_NAME).is_file():
         found.append(CURVE_NAME)

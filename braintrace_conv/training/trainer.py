@@ -684,14 +684,15 @@ class Trainer:
                     history=self.history)
 
     def write_logs(self, out_dir: Union[str, os.PathLike], **extra) -> dict:
-        """Write ``metrics.json`` (:meth:`metrics` plus ``extra``) and
-        ``learning_curve.png`` into ``out_dir``, holding its lock
+        """Write ``learning_curve.png`` and then ``metrics.json`` (:meth:`metrics` plus
+        ``extra``; written last, so a ``metrics.json`` of this epoch says the curve is of
+        this epoch too) into ``out_dir``, holding its lock
         (:func:`~braintrace_conv.training.run_dir.locked`: ``RunLockedError`` while another
         process writes a run there); returns the metrics dict."""
         metrics = dict(self.metrics(), **extra)
         with run_dir.locked(out_dir) as out_dir:
-            logs.write_metrics(out_dir, metrics)
             if self.history:
                 logs.write_curve(out_dir, self.history, logs.run_title({**self.run_config,
                                                                          **self.config()}))
+            logs.write_metrics(out_dir, metrics)
         return metrics

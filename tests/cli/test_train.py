@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from braintrace_conv.cli import main
+from braintrace_conv.cli.train import SUMMARY
 from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, SCALAR_COLUMNS,
                                       SCALARS_NAME, Trainer, checkpoint, logs)
 
@@ -210,6 +211,38 @@ def test_resume_repairs_an_interrupted_end_and_extends_a_finished_run(run, tmp_p
     assert 'already finished (2/2 epochs)' in capsys.readouterr().out
     assert main(['train', *TINY, '--out', str(out), '--resume']) == 2     # fewer: another run
     assert 'other options: --epochs 2 (now 1)' in error_line(capsys)
+
+
+# killed right after this write of the last epoch (a fresh process, its write functions
+# wrapped): the curve, or the epoch's metrics.json before the command adds its summary
+KILLED_AFTER = {
+    'write_curve': 'len(args[1]) == 2',
+    'write_metrics': "args[1]['epochs_completed'] == 2 and 'wall_time_s' not in args[1]",
+}
+
+
+@pytest.mark.parametrize('write', KILLED_AFTER)
+def test_a_run_killed_in_its_last_writes_is_repaired_on_resume(tmp_path, capsys, write):
+    out = tmp_path / 'run'      # killed in float64, the precision of the suite that resumes it
+    prelude = (f'import os, signal\nimport braintrace_conv\nbraintrace_conv.use_float64()\n'
+               f'from braintrace_conv.training import logs\n'
+               f'write = logs.{write}\n'
+               f'def killed(*args):\n    write(*args)\n'
+               f'    if {KILLED_AFTER[write]}:\n        os.kill(os.getpid(), signal.SIGKILL)\n'
+               f'logs.{write} = killed')
+    epochs = [*TINY[:TINY.index('--epochs') + 1], '2', *TINY[TINY.index('--epochs') + 2:]]
+    assert cli('train', *epochs, '--out', out, prelude=prelude).returncode == -9
+    capsys.readouterr()
+    assert main(['train', *epochs, '--out', str(out), '--resume']) == 0
+    assert 'was interrupted while writing its files; repairing metrics.json' in \
+        capsys.readouterr().out
+    metrics = json.loads((out / 'metrics.json').read_text())
+    assert metrics['epochs_completed'] == 2 and set(SUMMARY) <= set(metrics)
+    logs.write_curve(tmp_path, metrics['history'],                 # the curve of epoch 2
+                     logs.run_title({**metrics['run_config'], **metrics}))
+    assert (out / CURVE_NAME).read_bytes() == (tmp_path / CURVE_NAME).read_bytes()
+    assert main(['train', *epochs, '--out', str(out), '--resume']) == 0
+    assert 'already finished (2/2 epochs); nothing to do' in capsys.readouterr().out
 
 
 def test_a_locked_run_directory_names_its_holder(run, tmp_path, capsys):
