@@ -62,10 +62,9 @@ def test_requirements_say_what_an_option_depends_on():
     assert window.met({'algorithm': 'd-rtrl'}) and not window.met({'algorithm': 'bptt'})
     assert window.refusal('window') == ('--window applies only to --algorithm d-rtrl or '
                                         'es-d-rtrl (BPTT is exact)')
-    # declared, and used for what is stored, but not refused yet
     by_name = {option.name: option for option in TRAIN_OPTIONS}
-    assert [r.refused for r in by_name['target_rates'].requires] == [False]
-    assert [r.refused for r in by_name['rate_strength'].requires] == [False]
+    assert [r.option for r in by_name['target_rates'].requires] == ['loss']
+    assert [r.option for r in by_name['rate_strength'].requires] == ['rate_target']
     assert [r.option for r in by_name['decay'].requires] == ['algorithm']
 
 
