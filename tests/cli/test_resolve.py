@@ -86,6 +86,9 @@ LIBRARY_RULES = [  # rules the library checks: its refusal names the option
      '--delay must be a positive integer, got 0'),
     ([*TRAIN, '--task', 'delayed-bars', '--cues', '2', '--delay', '1', '--tau', '0'],
      '--tau must be a positive number, got 0.0'),
+    ([*TRAIN, '--tau', '1e-30'],        # ES-D-RTRL's decay comes from it: exp(-1/1e-30) = 0
+     r'--tau must be large enough that the trace decay exp\(-dt/tau\) per step of dt = 1 ms '
+     r'is positive, got 1e-30; give a larger --tau or a --decay\.$'),
     ([*TRAIN, '--batch-size', '40'],
      r'--batch-size must be at most the number of training samples \(32\), got 40'),
     (['train', '--task', 'digits', '--samples', '5000'],
