@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import time
@@ -143,10 +144,19 @@ def _fit(run, usage: str, start: float, trainer: Trainer, train_set, test_set) -
     metrics = trainer.write_logs(run.out, **summary)
     if trainer.updates and trainer.skipped_updates == trainer.updates:
         warnings.warn(f'all {trainer.updates} updates were skipped for non-finite values, so '
-                      f'the model did not learn; lower --lr (now {run.lr:g})', RuntimeWarning)
+                      f'the model did not learn; {_remedy(run, trainer)}', RuntimeWarning)
     print(f"test accuracy {metrics['test_accuracy']:.1%} | wall time {wall:.1f} s | "
           f"peak RSS {peak_mb:.0f} MB")
     return 0
+
+
+def _remedy(run, trainer: Trainer) -> str:
+    """What to change when no update of the run was applied: a learning rate too large for
+    the updates, or (the loss itself never finite) the regulariser's strength."""
+    if any(math.isfinite(record['train_loss']) for record in trainer.history):
+        return f'lower --lr (now {run.lr:g})'
+    return 'the loss was not finite for any batch' + (
+        f'; lower --rate-strength (now {run.rate_strength:g})' if run.rate_target else '')
 
 
 def _start_line(run, trainer: Trainer, train_set, test_set) -> str:

@@ -316,13 +316,17 @@ def test_a_run_directory_removed_during_the_run_is_said_so(tmp_path):
     assert not out.exists()     # never created again
 
 
-def test_an_impossible_learning_rate_is_named(tmp_path):
+@pytest.mark.parametrize('options, remedy', [
+    (['--lr', '1e300'], r'lower --lr \(now 1e\+300\)'),
+    (['--rate-target', '0.1', '--rate-strength', '1e300'],
+     r'the loss was not finite for any batch; lower --rate-strength \(now 1e\+300\)'),
+])
+def test_an_impossible_setting_is_named(tmp_path, options, remedy):
     # in float32 (the default; the suite runs in float64) every update overflows
-    done = subprocess.run([sys.executable, '-m', 'braintrace_conv.cli', 'train', *TINY, '--lr',
-                           '1e300', '--out', str(tmp_path)], capture_output=True, text=True)
+    done = cli('train', *TINY, *options, '--out', tmp_path)
     assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr
     assert re.search(r'warning: all \d+ updates were skipped for non-finite values, so the model '
-                     r'did not learn; lower --lr \(now 1e\+300\)', done.stderr), done.stderr
+                     rf'did not learn; {remedy}\n', done.stderr), done.stderr
 
 
 def test_progress_off_a_terminal_is_plain_lines(tmp_path, capsys):
