@@ -196,6 +196,12 @@ TRAIN_OPTIONS = (
     Option('cache_size', type=int, metavar='N', default=DEFAULT_CACHE_SIZE, stored='never',
            requires=(_EVENTS, Requires('stream')),
            help='events with --stream: samples whose frames stay in memory (default {default})'),
+    Option('verify_data', flag=True, default=False, stored='when given',
+           requires=(_EVENTS, Requires('stream')),
+           help='events with --stream: fingerprint the files by their contents too (SHA-256, '
+                'each file read once per run: about a third of the time an epoch takes to read '
+                'them), so --resume and evaluate also refuse a file rewritten with its size '
+                'and modification time restored'),
     Option('devices', type=int, metavar='N', stored='never',
            help='data-parallel devices (default: all of jax.devices()); the batch size must be '
                 'a multiple of their number'),

@@ -105,7 +105,7 @@ def _fit_arguments(run) -> dict:
     """The arguments of ``Trainer.fit`` and ``Trainer.check_fit`` of ``run``."""
     return dict(epochs=run.epochs, batch_size=run.batch_size, seed=run.seed, out_dir=run.out,
                 resume=run.resume, overwrite=run.overwrite, run_config=run_config(run),
-                log_every=run.log_every)
+                log_every=run.log_every, verify_data=run.verify_data)
 
 
 def _remove_new_run(run) -> bool:

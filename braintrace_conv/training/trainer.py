@@ -564,7 +564,8 @@ class Trainer:
             eval_dataset=None, eval_batch_size: Optional[int] = None,
             out_dir: Union[str, os.PathLike, None] = None, resume: bool = False,
             overwrite: bool = False, run_config: Optional[dict] = None, log_every: int = 1,
-            tensorboard: Optional[bool] = None, progress: bool = True) -> list:
+            tensorboard: Optional[bool] = None, progress: bool = True,
+            verify_data: bool = False) -> list:
         """Train until ``epochs`` epochs in total are completed.
 
         Each epoch visits the training set once in a random order, in batches
@@ -605,7 +606,8 @@ class Trainer:
             (:mod:`~braintrace_conv.training.fingerprint`), which name a file
             of a streamed dataset whose size or modification time changed; a
             fingerprint of an older version, of the file paths only, is
-            compared as such, with a warning. A larger
+            compared as such, with a warning (see ``verify_data`` for a file
+            rewritten with its size and modification time restored). A larger
             ``epochs`` continues a finished run (an entry ``'epochs'`` of
             ``run_config`` equal to ``epochs`` may exceed the stored one).
             The best checkpoint, ``metrics.json`` and the learning curve of a
@@ -621,6 +623,12 @@ class Trainer:
           tensorboard: TensorBoard events too: ``None`` when ``tensorboardX`` is installed.
           progress: Show a tqdm bar per epoch (in a notebook or on a terminal only)
             and print one summary line per epoch.
+          verify_data: Fingerprint a streamed data set's files by their contents too
+            (SHA-256; :func:`~braintrace_conv.training.fingerprint.data_fingerprint`), so a
+            resumed or re-evaluated run also refuses a file rewritten with its size and
+            modification time restored. Every file is read once per call (about a third
+            of the time one epoch takes to read and bin them, ``docs/benchmarks.md``).
+            Needs ``out_dir``; a run is resumed with the value it was started with.
 
         Returns:
           list of dict: :attr:`history`: per epoch ``epoch``, ``train_loss`` (mean over
@@ -632,20 +640,21 @@ class Trainer:
                         eval_dataset=eval_dataset, eval_batch_size=eval_batch_size,
                         out_dir=out_dir, resume=resume, overwrite=overwrite,
                         run_config=run_config, log_every=log_every, tensorboard=tensorboard,
-                        progress=progress)
+                        progress=progress, verify_data=verify_data)
 
     def check_fit(self, train_dataset, *, epochs: int, batch_size: int, seed: int = 0,
                   eval_dataset=None, eval_batch_size: Optional[int] = None,
                   out_dir: Union[str, os.PathLike, None] = None, resume: bool = False,
                   overwrite: bool = False, run_config: Optional[dict] = None,
-                  log_every: int = 1) -> None:
+                  log_every: int = 1, verify_data: bool = False) -> None:
         """Check the arguments of :meth:`fit` as it does before it changes anything: each
         argument, and the data sets against the model. Raises what :meth:`fit` would
         raise for them; the run directory is checked by :meth:`fit` itself."""
         _fit.check_arguments(self, train_dataset, eval_dataset, epochs=epochs,
                              batch_size=batch_size, seed=seed, eval_batch_size=eval_batch_size,
                              out_dir=out_dir, resume=resume, overwrite=overwrite,
-                             run_config=run_config, log_every=log_every)
+                             run_config=run_config, log_every=log_every,
+                             verify_data=verify_data)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:

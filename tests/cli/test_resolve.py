@@ -63,6 +63,7 @@ ARGUMENTS = [  # the rules of the command line itself
     (['train', '--data', '.'], '--data applies only to --task events'),
     (['train', '--stream'], '--stream applies only to --task events'),
     (['train', '--cache-size', '0'], '--cache-size applies only to --task events'),
+    (['train', '--verify-data'], '--verify-data applies only to --task events'),
 ]
 
 LIBRARY_RULES = [  # rules the library checks: its refusal names the option
@@ -129,6 +130,8 @@ EVENT_CASES = [
     (['--data', '{root}', '--sensor-size', '32,1,1'], 'no .npy or .npz files found'),
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--cache-size', '4'],
      '--cache-size applies only with --stream'),
+    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--verify-data'],
+     '--verify-data applies only with --stream'),
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--stream', '--cache-size', '-1'],
      '--cache-size must be a non-negative integer, got -1'),
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--window-us', '0'],
