@@ -115,6 +115,8 @@ def test_evaluate_excludes_padding_and_reports_spike_rates(bars):
      r'got True\.'),
     (lambda m: Trainer(bc.BPTT(m), nonfinite='ignore'), ValueError,
      "nonfinite must be one of \\('skip', 'raise'\\)"),
+    (lambda m: Trainer(bc.BPTT(m), rate_strength=float('inf')), ValueError,
+     r'^rate_strength must be a positive number, got inf\.$'),
     (lambda m: Trainer(bc.BPTT(brainstate.nn.Module())), ValueError, 'no brainstate.ParamState'),
 ])
 def test_construction(make, error, match):
