@@ -21,10 +21,12 @@ device count changes only the rounding of the gradient's batch sum, and a
 warning says so), and a larger ``--epochs`` continues a finished run. So must
 the data, by their fingerprint (:mod:`braintrace_conv.training.fingerprint`):
 a file of a ``--stream`` data set whose size or modification time changed is
-named and refused (a run written by a version that recorded paths only is
+named and refused, and with ``--verify-data`` one whose content changed with
+both restored (a run written by a version that recorded paths only is
 checked by its paths, and a warning says so). A
 resumed run first repairs what a run killed after its last checkpoint left
-behind (best checkpoint, ``metrics.json``, learning curve, temporary files);
+behind (best checkpoint, ``metrics.json`` and the summary a finished run adds
+to it, learning curve, temporary files);
 a directory another process is training in is refused with that process's pid.
 
 ``braintrace-conv evaluate --run DIR`` rebuilds the data and model of a saved

@@ -10,6 +10,7 @@ import optax
 
 from .. import BPTT, D_RTRL, ES_D_RTRL
 from .._npy_files import available_memory
+from .._validation import ArgumentError
 from ..data import (delayed_bars, digits_saccades, moving_bars, stream_directory,
                     synthetic_shd)
 from ..models import recurrent_conv_snn
@@ -86,12 +87,19 @@ def _dataset(run, usage: str):
 
 
 def _learner(run, model):
-    """The executor of ``--algorithm``."""
+    """The executor of ``--algorithm``; ES-D-RTRL's decay is ``--decay``, else the
+    membrane's, which ``--tau`` sets."""
     if run.algorithm == 'bptt':
         return BPTT(model)
     if run.algorithm == 'd-rtrl':
         return D_RTRL(model, window=run.window)
-    decay = model.membrane_decay() if run.decay is None else run.decay
+    if run.decay is not None:
+        return ES_D_RTRL(model, run.decay, window=run.window)
+    decay = model.membrane_decay()
+    if not decay > 0:   # exp(-dt/tau) underflows: the refusal names the option given
+        raise ArgumentError('tau', run.tau, 'be large enough that the trace decay exp(-dt/tau) '
+                            'per step of dt = 1 ms is positive', 'give a larger {tau} or a '
+                            '{decay}', refs=('tau', 'decay'))
     return ES_D_RTRL(model, decay, window=run.window)
 
 

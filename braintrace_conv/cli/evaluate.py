@@ -105,7 +105,7 @@ def _argv(stored: dict, devices: int) -> list:
     for option in TRAIN_OPTIONS:
         value = stored.get(option.name)
         if option.stored == 'never' or not given(value) or not all(
-                r.met(stored) for r in option.requires if r.refused):
+                r.met(stored) for r in option.requires):
             continue
         if value is True:
             argv.append(flag(option.name))

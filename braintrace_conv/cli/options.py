@@ -43,20 +43,18 @@ _BARS_AND_DIGITS = ('moving-bars', 'delayed-bars', 'digits')
 @dataclasses.dataclass(frozen=True)
 class Requires:
     """An option takes effect only when ``option`` has one of ``values`` (with no values:
-    when ``option`` is given).
+    when ``option`` is given); given without effect, it is refused
+    (:func:`~braintrace_conv.cli.resolve.resolve`, the one place this is checked).
 
     Attributes:
       option: The option depended on.
       values: Its values that let the dependent option take effect.
-      refused: Whether the dependent option given without effect is refused; where not,
-        it is ignored (and, stored ``'when effective'``, not stored).
       word: ``'to'`` or ``'with'``: how the refusal reads (``--decay applies only to
         --algorithm es-d-rtrl``, ``--final-steps applies only with --loss final``).
       note: Said after the refusal, in parentheses.
     """
     option: str
     values: tuple = ()
-    refused: bool = True
     word: str = 'with'
     note: str = ''
 
@@ -198,6 +196,12 @@ TRAIN_OPTIONS = (
     Option('cache_size', type=int, metavar='N', default=DEFAULT_CACHE_SIZE, stored='never',
            requires=(_EVENTS, Requires('stream')),
            help='events with --stream: samples whose frames stay in memory (default {default})'),
+    Option('verify_data', flag=True, default=False, stored='when given',
+           requires=(_EVENTS, Requires('stream')),
+           help='events with --stream: fingerprint the files by their contents too (SHA-256, '
+                'each file read once per run: about a third of the time an epoch takes to read '
+                'them), so --resume and evaluate also refuse a file rewritten with its size '
+                'and modification time restored'),
     Option('devices', type=int, metavar='N', stored='never',
            help='data-parallel devices (default: all of jax.devices()); the batch size must be '
                 'a multiple of their number'),
@@ -276,7 +280,7 @@ TRAIN_OPTIONS = (
            help='with --loss final: number of last steps in the loss (default {default})'),
     Option('target_rates', type=float, nargs=2, metavar=('TRUE', 'OTHER'),
            default=DEFAULT_TARGET_RATES, stored='when effective',
-           requires=(Requires('loss', ('count-mse',), refused=False),),
+           requires=(Requires('loss', ('count-mse',)),),
            help='with --loss count-mse: target output rate per step of the true class and of '
                 'the others (default {default[0]} {default[1]})'),
     Option('rate_target', type=float, nargs='+', metavar='RATE', stored='when given',
@@ -284,7 +288,7 @@ TRAIN_OPTIONS = (
            help='firing-rate regulariser: target fraction of neurons spiking per step, one for '
                 'every block or one per block'),
     Option('rate_strength', type=float, default=1.0, stored='when effective',
-           requires=(Requires('rate_target', refused=False),),
+           requires=(Requires('rate_target'),),
            help='with --rate-target: weight of the regulariser'),
     Option('nonfinite', choices=NONFINITE, default='skip',
            help='an update with a non-finite gradient is never applied: skip it (counted, '

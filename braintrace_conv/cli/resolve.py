@@ -39,11 +39,12 @@ def devices(requested, usage: str) -> int:
 
 
 def _refuse_without_effect(values: dict, given_names: list, usage: str) -> None:
-    """Refuse the options given without effect whose records say so (:class:`Requires`)."""
+    """Refuse every option given without effect: one whose records' requirements
+    (:class:`Requires`) are not met."""
     for option in TRAIN_OPTIONS:
         if option.name in given_names:
             for requirement in option.requires:
-                if requirement.refused and not requirement.met(values):
+                if not requirement.met(values):
                     raise UsageError(requirement.refusal(option.name), usage)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import time
@@ -17,7 +18,13 @@ from .options import spell
 from .parser import PROG, Interrupted, UsageError, usage_error
 from .resolve import option_list, resolve, run_config
 
-__all__ = ['train']
+__all__ = ['train', 'SUMMARY']
+
+#: What the command adds to ``metrics.json`` when a run is finished, after the last epoch's
+#: own write: the task, the wall time and peak resident memory of the command that finished
+#: it, and the sizes of the training and test sets. A finished run whose ``metrics.json``
+#: lacks them is repaired on ``--resume``.
+SUMMARY = ('task', 'wall_time_s', 'peak_rss_mb', 'num_train', 'num_test')
 
 
 def _out_error(run, error: Exception, usage: str) -> UsageError:
@@ -49,7 +56,7 @@ def _resume(run, usage: str) -> bool:
                          f'{option_list(differences)}; give the same options, or another '
                          f'--out', usage)
     if meta['epoch'] >= run.epochs:
-        lagging = run_dir.lagging(run.out, meta['epoch'], meta.get('best'))
+        lagging = run_dir.lagging(run.out, meta['epoch'], meta.get('best'), SUMMARY)
         if lagging:
             print(f'the run in {run.out} is finished ({meta["epoch"]} epochs) but was '
                   f'interrupted while writing its files; repairing {", ".join(lagging)}')
@@ -98,7 +105,7 @@ def _fit_arguments(run) -> dict:
     """The arguments of ``Trainer.fit`` and ``Trainer.check_fit`` of ``run``."""
     return dict(epochs=run.epochs, batch_size=run.batch_size, seed=run.seed, out_dir=run.out,
                 resume=run.resume, overwrite=run.overwrite, run_config=run_config(run),
-                log_every=run.log_every)
+                log_every=run.log_every, verify_data=run.verify_data)
 
 
 def _remove_new_run(run) -> bool:
@@ -133,14 +140,23 @@ def _fit(run, usage: str, start: float, trainer: Trainer, train_set, test_set) -
         raise Interrupted(_interrupted(run, trainer)) from None
     wall = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    metrics = trainer.write_logs(run.out, task=run.task, wall_time_s=wall, peak_rss_mb=peak_mb,
-                                 num_train=len(train_set), num_test=len(test_set))
+    summary = dict(zip(SUMMARY, (run.task, wall, peak_mb, len(train_set), len(test_set))))
+    metrics = trainer.write_logs(run.out, **summary)
     if trainer.updates and trainer.skipped_updates == trainer.updates:
         warnings.warn(f'all {trainer.updates} updates were skipped for non-finite values, so '
-                      f'the model did not learn; lower --lr (now {run.lr:g})', RuntimeWarning)
+                      f'the model did not learn; {_remedy(run, trainer)}', RuntimeWarning)
     print(f"test accuracy {metrics['test_accuracy']:.1%} | wall time {wall:.1f} s | "
           f"peak RSS {peak_mb:.0f} MB")
     return 0
+
+
+def _remedy(run, trainer: Trainer) -> str:
+    """What to change when no update of the run was applied: a learning rate too large for
+    the updates, or (the loss itself never finite) the regulariser's strength."""
+    if any(math.isfinite(record['train_loss']) for record in trainer.history):
+        return f'lower --lr (now {run.lr:g})'
+    return 'the loss was not finite for any batch' + (
+        f'; lower --rate-strength (now {run.rate_strength:g})' if run.rate_target else '')
 
 
 def _start_line(run, trainer: Trainer, train_set, test_set) -> str:

@@ -15,6 +15,9 @@ takes a sequence ``(T, B, ...)``.
 * :func:`delta`: ON spikes where the input rose by at least ``threshold``
   since the previous step, OFF spikes where it fell by as much.
 
+Inputs holding a NaN or an infinity are refused, naming the first such entry
+(checked when the input is concrete, not under ``jit``).
+
 To train with :class:`~braintrace_conv.Trainer`, put the encoded samples in an
 :class:`~braintrace_conv.data.EventDataset`, which stores samples ``(N, T,
 ...)``: ``EventDataset(np.moveaxis(spikes, 0, 1), labels, num_classes)``.
@@ -25,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._validation import one_of, positive
+from .._validation import ArgumentError, finite, interval, one_of, positive
 
 __all__ = ['rate', 'latency', 'delta', 'LATENCY_CODES']
 
@@ -44,15 +47,29 @@ def _float_input(name: str, x, min_ndim: int) -> jax.Array:
     return x
 
 
-def _unit_interval(name: str, x: jax.Array) -> None:
-    """Refuse values outside [0, 1] (checked when ``x`` is concrete, not under jit)."""
+def _concrete(x):
+    """``x`` as a NumPy array, or ``None`` under ``jit`` (a tracer has no values)."""
     try:
-        values = np.asarray(x)
+        return np.asarray(x)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return
-    if values.size and (not np.all(np.isfinite(values)) or values.min() < 0 or values.max() > 1):
-        raise ValueError(f'{name} must hold intensities in [0, 1] (scale the data first), got '
-                         f'values in [{np.nanmin(values)}, {np.nanmax(values)}].')
+        return None
+
+
+def _finite(name: str, x, lead: tuple):
+    """Refuse a NaN or an infinity in ``x`` ``(*lead, ...)``, naming the first one; returns
+    ``x``'s values (``None`` under ``jit``, unchecked)."""
+    values = _concrete(x)
+    if values is not None:
+        finite(name, values, lead + tuple(f'axis {i}' for i in range(len(lead), values.ndim)))
+    return values
+
+
+def _unit_interval(name: str, x: jax.Array) -> None:
+    """Refuse values that are not finite or outside [0, 1] (when ``x`` is concrete)."""
+    values = _finite(name, x, ('b',))
+    if values is not None and values.size and (values.min() < 0 or values.max() > 1):
+        raise ArgumentError(name, values, 'hold intensities in [0, 1]', 'scale the data first',
+                            shown=f'values in [{values.min()}, {values.max()}]')
 
 
 def rate(x, num_steps: int, key: jax.Array, *, gain: float = 1.0) -> jax.Array:
@@ -74,14 +91,12 @@ def rate(x, num_steps: int, key: jax.Array, *, gain: float = 1.0) -> jax.Array:
       Spikes ``(T, B, ...)``, ``0.``/``1.`` in the floating dtype of ``x``.
 
     Raises:
-      ValueError: ``x`` outside ``[0, 1]``, fewer than one axis, or bad
-        ``num_steps`` / ``gain``.
+      ValueError: ``x`` not finite or outside ``[0, 1]``, fewer than one axis, or
+        bad ``num_steps`` / ``gain``.
     """
     x = _float_input('x', x, 1)
     num_steps = positive('num_steps', num_steps)
-    gain = positive('gain', gain, float)
-    if gain > 1:
-        raise ValueError(f'gain must be in (0, 1] (a spike probability per step), got {gain}.')
+    gain = interval('gain', gain, 0, 1, '(]', fix='it scales a spike probability per step')
     _unit_interval('x', x)
     p = gain * x
     return jax.random.bernoulli(key, p, (num_steps, *x.shape)).astype(x.dtype)
@@ -109,7 +124,8 @@ def latency(x, num_steps: int, *, code: str = 'linear', threshold: float = 0.01,
       num_steps: number of time steps ``T``.
       code: ``'linear'`` or ``'log'``.
       threshold: inputs at or below it do not spike, in ``[0, 1)``.
-      tau: time constant of the ``'log'`` code, in steps.
+      tau: time constant of the ``'log'`` code, in steps; small enough that an input
+        of 1 spikes within ``num_steps`` (otherwise no input could spike).
 
     Returns:
       Spikes ``(T, B, ...)``, ``0.``/``1.`` in the floating dtype of ``x``;
@@ -119,8 +135,9 @@ def latency(x, num_steps: int, *, code: str = 'linear', threshold: float = 0.01,
     num_steps = positive('num_steps', num_steps)
     one_of('code', code, LATENCY_CODES)
     tau = positive('tau', tau, float)
-    if isinstance(threshold, bool) or not 0 <= threshold < 1:
-        raise ValueError(f'threshold must be in [0, 1), got {threshold!r}.')
+    threshold = interval('threshold', threshold, 0, 1, '[)')
+    if code == 'log':
+        _spikes_within(tau, threshold, num_steps)
     _unit_interval('x', x)
     fires = x > threshold
     if code == 'linear':
@@ -130,6 +147,17 @@ def latency(x, num_steps: int, *, code: str = 'linear', threshold: float = 0.01,
         t = jnp.round(tau * jnp.log(safe / (safe - threshold)))
     steps = jnp.arange(num_steps).reshape((num_steps,) + (1,) * x.ndim)
     return ((steps == t) & fires).astype(x.dtype)
+
+
+def _spikes_within(tau: float, threshold: float, num_steps: int) -> None:
+    """Refuse a ``'log'`` code under which no input spikes within ``num_steps``: the
+    earliest spike, of ``x = 1``, is at step ``round(tau ln(1 / (1 - threshold)))``."""
+    first = tau * np.log1p(threshold / (1 - threshold))
+    if round(first) >= num_steps:
+        bound = (num_steps - 0.5) / np.log1p(threshold / (1 - threshold))
+        raise ArgumentError('tau', tau, f'be below {bound:.4g} for code=\'log\', threshold '
+                            f'{threshold:g} and num_steps {num_steps}', 'even an input of 1 '
+                            f'would spike only at step {first:.4g}, so no input would spike')
 
 
 def delta(xs, threshold: float = 0.1, *, off_spikes: bool = True, initial=None) -> jax.Array:
@@ -144,7 +172,7 @@ def delta(xs, threshold: float = 0.1, *, off_spikes: bool = True, initial=None) 
     change (video, a signal, or a static input moved, e.g. saccades).
 
     Args:
-      xs: sequence ``(T, B, ...)``, any real values.
+      xs: sequence ``(T, B, ...)``, any finite real values.
       threshold: positive change that triggers a spike.
       off_spikes: also emit OFF spikes; they are stacked with the ON spikes
         on a new polarity axis after the batch axis (ON = 0, OFF = 1, the
@@ -158,8 +186,11 @@ def delta(xs, threshold: float = 0.1, *, off_spikes: bool = True, initial=None) 
     """
     xs = _float_input('xs', xs, 2)
     threshold = positive('threshold', threshold, float)
+    _finite('xs', xs, ('t', 'b'))
     previous = jnp.zeros(xs.shape[1:], xs.dtype) if initial is None else jnp.broadcast_to(
         jnp.asarray(initial, xs.dtype), xs.shape[1:])
+    if initial is not None:
+        _finite('initial', initial, ())
     d = jnp.diff(xs, axis=0, prepend=previous[None])
     on = (d >= threshold).astype(xs.dtype)
     if not off_spikes:

@@ -25,7 +25,10 @@ def fsync_dir(directory: Path) -> None:
 def atomic_write(path, data: bytes) -> None:
     """Write ``data`` to ``path``: a temporary file in the same directory, fsync, rename."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    except OSError as err:      # e.g. the directory is gone: name the file, not the temporary
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
     try:
         with os.fdopen(fd, 'wb') as f:
             f.write(data)

@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._validation import at_most, non_negative, positive
+from .._validation import at_most, boolean, non_negative, positive
 from . import checkpoint, logs, placement, run_dir, state
 from ._files import atomic_write
 from .fingerprint import data_fingerprint
@@ -50,11 +50,12 @@ class _Arguments(NamedTuple):
     eval_batch_size: int
     run_config: dict
     log_every: int
+    verify_data: bool
 
 
 def check_arguments(trainer, train_dataset, eval_dataset, *, epochs, batch_size, seed,
                     eval_batch_size, out_dir, resume, overwrite, run_config,
-                    log_every) -> _Arguments:
+                    log_every, verify_data=False) -> _Arguments:
     """The arguments of :meth:`Trainer.fit`, checked with its data sets; changes nothing."""
     trainer._require_optimizer('fit')
     epochs, batch_size = positive('epochs', epochs), positive('batch_size', batch_size)
@@ -77,24 +78,27 @@ def check_arguments(trainer, train_dataset, eval_dataset, *, epochs, batch_size,
         trainer._check_dataset('eval_dataset', eval_dataset)
     if out_dir is None and (resume or overwrite):
         raise ValueError('resume and overwrite need out_dir (the run directory).')
-    return _Arguments(epochs, batch_size, seed, eval_batch_size, run_config, log_every)
+    verify_data = boolean('verify_data', verify_data)
+    if verify_data and out_dir is None:
+        raise ValueError('verify_data needs out_dir (the run directory whose checkpoints hold '
+                         'the data fingerprints).')
+    return _Arguments(epochs, batch_size, seed, eval_batch_size, run_config, log_every,
+                      verify_data)
 
 
 def fit(trainer, train_dataset, *, epochs: int, batch_size: int, seed: int, eval_dataset,
         eval_batch_size: Optional[int], out_dir: Union[str, os.PathLike, None], resume: bool,
         overwrite: bool, run_config: Optional[dict], log_every: int,
-        tensorboard: Optional[bool], progress: bool) -> list:
+        tensorboard: Optional[bool], progress: bool, verify_data: bool = False) -> list:
     """:meth:`Trainer.fit <braintrace_conv.training.Trainer.fit>` of ``trainer``."""
     args = check_arguments(trainer, train_dataset, eval_dataset, epochs=epochs,
                            batch_size=batch_size, seed=seed, eval_batch_size=eval_batch_size,
                            out_dir=out_dir, resume=resume, overwrite=overwrite,
-                           run_config=run_config, log_every=log_every)
+                           run_config=run_config, log_every=log_every, verify_data=verify_data)
     with contextlib.ExitStack() as stack:
         log = None
         if out_dir is not None:
-            fit_config = dict(batch_size=args.batch_size, seed=args.seed,
-                              train_data=data_fingerprint(train_dataset),
-                              eval_data=data_fingerprint(eval_dataset))
+            fit_config = _fit_config(args, train_dataset, eval_dataset)
             out_dir = stack.enter_context(hold(out_dir, resume=resume, overwrite=overwrite,
                                                writer=trainer._writer))
             log = _open_run(trainer, out_dir, resume, overwrite, args.epochs,
@@ -109,6 +113,16 @@ def fit(trainer, train_dataset, *, epochs: int, batch_size: int, seed: int, eval
             _run_epoch(trainer, train_dataset, eval_dataset, args, out_dir, log,
                        progress and trainer._writer)
     return trainer.history
+
+
+def _fit_config(args: _Arguments, train_dataset, eval_dataset) -> dict:
+    """The settings of :meth:`Trainer.fit` stored with a run and compared on resume, with
+    the data sets' fingerprints (by their files' contents too with ``verify_data``, which
+    is stored only when set, so runs written before it existed still resume)."""
+    verify = dict(verify_data=True) if args.verify_data else {}
+    return dict(batch_size=args.batch_size, seed=args.seed, **verify,
+                train_data=data_fingerprint(train_dataset, contents=args.verify_data),
+                eval_data=data_fingerprint(eval_dataset, contents=args.verify_data))
 
 
 def _run_epoch(trainer, train_dataset, eval_dataset, args: _Arguments, out_dir: Optional[Path],
@@ -198,12 +212,15 @@ def _train_epoch(trainer, dataset, batch_size: int, epochs: int, progress: bool,
 
 
 def _save_run(trainer, out_dir: Path, improved: bool) -> None:
-    """The last (and, ``improved``, the best) checkpoint, ``metrics.json`` and the curve."""
+    """The last (and, ``improved``, the best) checkpoint, ``metrics.json`` and the curve,
+    into the run directory still held (:func:`~.run_dir.locked` raises
+    :class:`~.run_dir.RunDirectoryLostError` if it was removed meanwhile)."""
     arrays, meta = state.snapshot(trainer)
-    checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
-    if improved:
-        checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
-    trainer.write_logs(out_dir)
+    with run_dir.locked(out_dir):
+        checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
+        if improved:
+            checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
+        trainer.write_logs(out_dir)
 
 
 def _bar_shown() -> bool:

@@ -10,8 +10,13 @@ covers the labels and
   its sources. Sources that are file paths are named relative to the
   directory they share, so a data set moved or copied elsewhere keeps its
   fingerprint, and ``files`` holds each file's ``[size in bytes,
-  modification time in ns]``: a file whose content changed is named, and no
-  file is read;
+  modification time in ns]``: a file whose size or modification time changed
+  is named, and no file is read. A file rewritten with both restored is not
+  seen that way; ``contents=True`` (``Trainer.fit(verify_data=True)``,
+  ``braintrace-conv train --verify-data``) adds ``contents``, the SHA-256 of
+  each file, so such a file is named too, at the cost of reading every file
+  once per run (``docs/benchmarks.md``: about a third of the time one streamed
+  epoch takes to read and bin the same files);
 * for another :class:`~braintrace_conv.data.FrameDataset`, its frames (read once).
 
 A fingerprint without ``version`` (version 1, written before file metadata
@@ -66,17 +71,31 @@ def _file_stat(source) -> Optional[list]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def data_fingerprint(dataset, version: int = VERSION) -> Optional[dict]:
-    """The fingerprint of a data set (module docstring); a streamed one's files are not read.
+def _file_digest(source) -> Optional[str]:
+    """The SHA-256 (hex) of a file's content; ``None`` if it cannot be read."""
+    try:
+        with open(source, 'rb') as f:
+            return hashlib.file_digest(f, 'sha256').hexdigest()
+    except OSError:
+        return None
+
+
+def data_fingerprint(dataset, version: int = VERSION, *, contents: bool = False
+                     ) -> Optional[dict]:
+    """The fingerprint of a data set (module docstring); a streamed one's files are read
+    only with ``contents``.
 
     Args:
       dataset: a ``FrameDataset`` of ``N`` samples ``(T, *frame_shape)``, or ``None``.
       version: 1 (a streamed data set's files by their absolute paths only) or
         :data:`VERSION`.
+      contents: from version 2, a streamed data set's files also by the SHA-256 of their
+        contents (each file read once).
 
     Returns:
       ``None`` for ``None``, else a dict: ``samples`` ``N``, ``shape`` ``[N, T,
-      *frame_shape]``, ``sha256``, and from version 2 ``version`` and (files) ``files``.
+      *frame_shape]``, ``sha256``, and from version 2 ``version`` and (files) ``files``
+      and, with ``contents``, ``contents`` (a digest per file, ``None`` if unreadable).
     """
     if dataset is None:
         return None
@@ -99,6 +118,8 @@ def data_fingerprint(dataset, version: int = VERSION) -> Optional[dict]:
         fingerprint['version'] = version
         if files is not None:
             fingerprint['files'] = [_file_stat(s) for s in files]
+            if contents:
+                fingerprint['contents'] = [_file_digest(s) for s in files]
     return fingerprint
 
 
@@ -106,12 +127,15 @@ def _samples(fingerprint: Optional[dict]) -> str:
     return 'none' if fingerprint is None else f'{fingerprint.get("samples")} samples'
 
 
-def data_change(stored, dataset) -> tuple:
+def data_change(stored, dataset, now: Optional[dict] = None) -> tuple:
     """How ``dataset`` differs from the data whose fingerprint a run stored.
 
     Args:
-      stored: the stored fingerprint (a dict, or ``None`` for no data set), of any version.
+      stored: the stored fingerprint (a dict, or ``None`` for no data set), of any version;
+        one with ``contents`` is compared by them too (each file read).
       dataset: the data set now (a ``FrameDataset``), or ``None``.
+      now: ``dataset``'s fingerprint if already made (so no file is read twice); used
+        where it is of ``stored``'s version and has ``contents`` as ``stored`` does.
 
     Returns:
       ``(change, note)``: ``change`` is ``None`` if ``dataset`` has the fingerprint
@@ -130,7 +154,10 @@ def data_change(stored, dataset) -> tuple:
     if not (type(version) is int and 1 <= version <= VERSION):
         return (f'its fingerprint, of version {version!r}, is not one this version of '
                 f'braintrace_conv can check'), None
-    now = data_fingerprint(dataset, version)
+    contents = 'contents' in stored
+    if not (isinstance(now, dict) and now.get('version', 1) == version
+            and ('contents' in now) == contents):
+        now = data_fingerprint(dataset, version, contents=contents)
     files = _file_sources(dataset)
     note = None
     if version < 2 and files is not None:
@@ -138,14 +165,25 @@ def data_change(stored, dataset) -> tuple:
                 'only: changes to the files\' contents cannot be detected')
     if stored == now:
         return None, note
-    old = stored.get('files')
     same_sources = all(stored.get(k) == now[k] for k in ('samples', 'shape', 'sha256'))
-    if same_sources and 'files' in now and isinstance(old, list) and len(old) == len(files):
-        changed = [f'{s}' + (' (missing)' if new is None else '')
-                   for s, before, new in zip(files, old, now['files']) if before != new]
-        more = len(changed) - _SHOWN_FILES
-        if changed:
-            return (f'{len(changed)} of its {len(files)} files changed since (size or '
-                    f'modification time): {", ".join(changed[:_SHOWN_FILES])}'
-                    + (f' and {more} more' if more > 0 else '')), note
+    if same_sources and 'files' in now:
+        for key, what, absent in (
+                ('files', 'size or modification time', 'missing'),
+                ('contents', 'content, with size and modification time kept', 'unreadable')):
+            changed = _changed_files(files, stored.get(key), now.get(key), absent)
+            if changed:
+                more = len(changed) - _SHOWN_FILES
+                return (f'{len(changed)} of its {len(files)} files changed since ({what}): '
+                        f'{", ".join(changed[:_SHOWN_FILES])}'
+                        + (f' and {more} more' if more > 0 else '')), note
     return f'other samples or labels ({_samples(stored)} then, {_samples(now)} now)', note
+
+
+def _changed_files(files: tuple, old, new, absent: str) -> list:
+    """The files whose entries differ between the lists ``old`` (stored, unchecked) and
+    ``new`` (now), one entry per file each; one without an entry now is marked ``absent``."""
+    if not (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
+            == len(files)):
+        return []
+    return [f'{s}' + (f' ({absent})' if now is None else '')
+            for s, before, now in zip(files, old, new) if before != now]

@@ -13,7 +13,13 @@ of a process that died is taken over. Where ``fcntl`` exists the lock is an
 advisory lock on that file, which the operating system releases when its
 holder dies; elsewhere (Windows) it is the file itself, created exclusively
 and removed on release, and one whose pid is no longer running on this host
-is stale (one of another host is never taken over: its pid cannot be checked).
+is stale (one of another host is never taken over: its pid cannot be checked,
+so the refusal names the file to remove once that process is known to be gone).
+The lock file is opened without blocking and never through a symbolic link:
+anything but a regular file there (a link, a FIFO, a directory) is refused,
+naming it. While a process holds the lock, each re-entry checks that the lock
+file is still the one it holds, so a run directory removed or replaced during
+a run is an error (:class:`RunDirectoryLostError`), never silently recreated.
 
 A run is replaced all or nothing: its files are first renamed into a fresh
 hidden directory beside them (:data:`TRASH_PREFIX`; a rename fails up front,
@@ -30,6 +36,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import time
 import warnings
@@ -45,7 +52,7 @@ except ImportError:     # no advisory locks on this platform: an exclusively cre
 
 __all__ = ['LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'METRICS_NAME', 'SCALARS_NAME', 'CURVE_NAME',
            'TENSORBOARD_DIR', 'RUN_FILES', 'CHECKPOINTS', 'LOCK_NAME', 'TRASH_PREFIX',
-           'RunLockedError', 'RunExistsError', 'NothingToResumeError',
+           'RunLockedError', 'RunExistsError', 'NothingToResumeError', 'RunDirectoryLostError',
            'run_files', 'check', 'create', 'locked', 'lock_holder', 'lagging',
            'checkpoint_file']
 
@@ -70,9 +77,11 @@ RUN_FILES = (LAST_CHECKPOINT, BEST_CHECKPOINT, METRICS_NAME, SCALARS_NAME, CURVE
 LOCK_NAME = '.lock'
 #: Prefix of the hidden directory the files of a run being replaced are moved into.
 TRASH_PREFIX = '.replaced-run.'
-# Locks this process holds: directory -> [what releases it, depth].
+# Locks this process holds: directory -> [what releases it, what tells whether its lock file
+# is still the one held, depth].
 _held: dict = {}
 _NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
+_NONBLOCK = getattr(os, 'O_NONBLOCK', 0)
 _HOST = socket.gethostname()
 # A lock file without a readable pid is being written, or was left by a process killed
 # between creating and writing it: stale after this many seconds.
@@ -81,15 +90,30 @@ _UNREADABLE_LOCK_S = 60.0
 
 class RunLockedError(RuntimeError):
     """The run directory is locked by another process writing a run in it (``pid``, on
-    ``host`` if another)."""
+    ``host`` if another). ``lock``: the lock file, given where that process cannot be
+    checked from here (another host, without ``fcntl``), so the message names the file to
+    remove once it is known to be gone."""
 
-    def __init__(self, directory, pid: Optional[int], host: Optional[str] = None):
+    def __init__(self, directory, pid: Optional[int], host: Optional[str] = None,
+                 lock: Optional[Path] = None):
         self.directory, self.pid = directory, pid
         who = ' '.join(([] if pid is None else [f'pid {pid}'])
                        + ([] if host in (None, _HOST) else [f'on {host}']))
         holder = f'another process ({who})' if who else 'another process'
-        super().__init__(f'{directory} is in use: {holder} is writing a run in it; wait for '
-                         f'it to end or stop it.')
+        fix = 'wait for it to end or stop it'
+        if lock is not None:
+            fix += (f'; if it no longer runs on {host}, remove its lock file {lock} '
+                    f'(written {_age(lock)} ago)')
+        super().__init__(f'{directory} is in use: {holder} is writing a run in it; {fix}.')
+
+
+class RunDirectoryLostError(OSError):
+    """The run directory was removed or replaced while this process held its lock."""
+
+    def __init__(self, directory):
+        super().__init__(f'the run directory {directory} was removed or replaced while this '
+                         f'process was writing a run in it (its lock file {LOCK_NAME} is no '
+                         f'longer the one it holds); nothing more is written there.')
 
 
 class RunExistsError(FileExistsError):
@@ -104,6 +128,54 @@ def run_files(directory: Union[str, os.PathLike]) -> list:
     """Names of the :data:`RUN_FILES` present in ``directory`` (links too, even dangling)."""
     directory = Path(directory)
     return [name for name in RUN_FILES if os.path.lexists(directory / name)]
+
+
+def _age(path: Path) -> str:
+    """How long ago ``path`` was last modified, e.g. ``'26.0 h'``."""
+    try:
+        seconds = max(0.0, time.time() - os.stat(path, follow_symlinks=False).st_mtime)
+    except OSError:
+        return 'an unknown time'
+    return f'{seconds / 60:.0f} min' if seconds < 3600 else f'{seconds / 3600:.1f} h'
+
+
+def _kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, for a message."""
+    for test, kind in ((stat.S_ISLNK, 'a symbolic link'), (stat.S_ISFIFO, 'a FIFO'),
+                       (stat.S_ISDIR, 'a directory'), (stat.S_ISSOCK, 'a socket')):
+        if test(mode):
+            return kind
+    return 'a device file'
+
+
+def _not_a_lock(path: Path, mode: int) -> ValueError:
+    return ValueError(f'the lock file {path} is {_kind(mode)}, not a regular file; remove it '
+                      f'to write a run in {path.parent}.')
+
+
+def _open_lock(path: Path, flags: int) -> Optional[int]:
+    """The descriptor of the lock file ``path`` opened with ``flags``, without blocking (on
+    a FIFO) and without following a link; ``None`` if there is none and ``flags`` do not
+    create it. Anything but a regular file there raises ``ValueError`` naming it."""
+    if not _NOFOLLOW and os.path.islink(path):      # no O_NOFOLLOW on this platform
+        raise _not_a_lock(path, stat.S_IFLNK)
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK, 0o644)
+    except OSError as err:  # a link (ELOOP), a directory opened for writing, a FIFO, ...
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise _not_a_lock(path, mode) from None
+        if isinstance(err, FileNotFoundError) and not flags & os.O_CREAT:
+            return None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_a_lock(path, mode)
+    return fd
 
 
 def _holder(text: Optional[str]) -> tuple:
@@ -125,13 +197,14 @@ def _read(fd: int) -> Optional[str]:
 
 
 def _read_lock(path: Path) -> Optional[str]:
-    """The content of the lock file ``path`` (``''`` if it cannot be read), ``None`` if absent."""
+    """The content of the lock file ``path`` (``''`` if it cannot be read), ``None`` if absent;
+    ``ValueError`` if it is not a regular file (:func:`_open_lock`)."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    except FileNotFoundError:
-        return None
+        fd = _open_lock(path, os.O_RDONLY)
     except OSError:
         return ''
+    if fd is None:
+        return None
     try:
         return os.read(fd, 256).decode('ascii', 'replace')
     except OSError:
@@ -178,23 +251,25 @@ def _stale(path: Path, text: str) -> bool:
     return host in (None, _HOST) and not _running(pid)
 
 
-def _other_holder(directory: Path) -> Optional[tuple]:
-    """``(pid, host)`` (each ``None`` if unknown) of another process holding ``directory``'s
-    lock, else ``None``; changes nothing."""
+def _other_holder(directory: Path) -> Optional[str]:
+    """The content of ``directory``'s lock file (``pid host token``, ``''`` if unreadable)
+    if another process holds that lock, else ``None``; changes nothing."""
     if str(directory.resolve()) in _held:
         return None
     path = directory / LOCK_NAME
     if fcntl is None:
         text = _read_lock(path)
-        return None if text is None or _stale(path, text) else _holder(text)
+        return None if text is None or _stale(path, text) else text
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        fd = _open_lock(path, os.O_RDONLY)
     except OSError:
+        return None
+    if fd is None:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
-        return _holder(_read(fd))
+        return _read(fd) or ''
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
@@ -204,9 +279,12 @@ def _other_holder(directory: Path) -> Optional[tuple]:
 
 def lock_holder(directory: Union[str, os.PathLike]) -> Optional[int]:
     """The pid (``-1`` if unknown) of another process holding ``directory``'s lock, else
-    ``None``; changes nothing."""
+    ``None``; changes nothing. ``ValueError`` if the lock file is not a regular file."""
     holder = _other_holder(Path(directory))
-    return None if holder is None else -1 if holder[0] is None else holder[0]
+    if holder is None:
+        return None
+    pid = _holder(holder)[0]
+    return -1 if pid is None else pid
 
 
 def _lock_text() -> str:
@@ -216,13 +294,13 @@ def _lock_text() -> str:
 def _flock(directory: Path, path: Path) -> int:
     """Take the advisory lock on the lock file ``path``; returns its descriptor."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        fd = _open_lock(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            pid, host = _holder(_read(fd))
+            text = _read(fd)
             os.close(fd)
-            raise RunLockedError(directory, pid, host) from None
+            raise _locked_error(directory, path, text or '') from None
         try:    # the previous holder may have removed the file before we locked it
             if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
                 break
@@ -234,9 +312,21 @@ def _flock(directory: Path, path: Path) -> int:
     return fd
 
 
+def _same_file(path: Path, fd: int) -> bool:
+    """Whether ``path`` (not followed) is the file open as ``fd``."""
+    try:
+        found, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+    except OSError:
+        return False
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+
+
 def _unflock(path: Path, fd: int) -> None:
-    path.unlink(missing_ok=True)
-    os.close(fd)
+    try:
+        if _same_file(path, fd):    # never another holder's lock in a replaced directory
+            path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
 
 
 def _create_lock(directory: Path, path: Path) -> str:
@@ -249,7 +339,7 @@ def _create_lock(directory: Path, path: Path) -> str:
         except FileExistsError:
             found = _read_lock(path)
             if found is not None and not _stale(path, found):
-                raise RunLockedError(directory, *_holder(found)) from None
+                raise _locked_error(directory, path, found) from None
             if found is not None:
                 _remove_stale(path, found)
             continue
@@ -275,31 +365,66 @@ def _remove_stale(path: Path, found: str) -> None:
         os.rename(aside, path)
 
 
+def _holds_lock_file(path: Path, text: str) -> bool:
+    """Whether the lock file ``path`` still holds ``text`` (this holder's)."""
+    try:
+        return _read_lock(path) == text
+    except ValueError:
+        return False
+
+
 def _remove_lock(path: Path, text: str) -> None:
-    if _read_lock(path) == text:
+    if _holds_lock_file(path, text):
         path.unlink(missing_ok=True)
+
+
+def _locked_error(directory: Path, path: Path, text: str) -> RunLockedError:
+    """The refusal of ``directory``, whose lock file ``path`` holds ``text``: without
+    ``fcntl``, the lock of a process on another host names the file to remove once that
+    process is gone (it cannot be checked from here)."""
+    pid, host = _holder(text)
+    uncheckable = fcntl is None and host not in (None, _HOST)
+    return RunLockedError(directory, pid, host, lock=path if uncheckable else None)
 
 
 @contextlib.contextmanager
 def locked(directory: Union[str, os.PathLike]):
     """Hold ``directory``'s lock (creating the directory) for the ``with`` block; re-entrant
-    within a process. Raises :class:`RunLockedError` if another process holds it."""
+    within a process.
+
+    Raises:
+      RunLockedError: Another process holds it.
+      ValueError: The lock file is not a regular file (a link, a FIFO, ...).
+      RunDirectoryLostError: On re-entry, or for a file not found in the ``with`` block,
+        when the lock file this process holds is gone: the directory was removed or
+        replaced meanwhile (it is not created again).
+    """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     key = str(directory.resolve())
     if key not in _held:
+        directory.mkdir(parents=True, exist_ok=True)
         path = directory / LOCK_NAME
         if fcntl is not None:
-            release = functools.partial(_unflock, path, _flock(directory, path))
+            fd = _flock(directory, path)
+            release = functools.partial(_unflock, path, fd)
+            intact = functools.partial(_same_file, path, fd)
         else:
-            release = functools.partial(_remove_lock, path, _create_lock(directory, path))
-        _held[key] = [release, 0]
-    _held[key][1] += 1
+            text = _create_lock(directory, path)
+            release = functools.partial(_remove_lock, path, text)
+            intact = functools.partial(_holds_lock_file, path, text)
+        _held[key] = [release, intact, 0]
+    elif not _held[key][1]():
+        raise RunDirectoryLostError(directory)
+    _held[key][2] += 1
     try:
         yield directory
+    except FileNotFoundError:   # a write into the directory, removed meanwhile
+        if not _held[key][1]():
+            raise RunDirectoryLostError(directory) from None
+        raise
     finally:
-        _held[key][1] -= 1
-        if not _held[key][1]:
+        _held[key][2] -= 1
+        if not _held[key][2]:
             _held.pop(key)[0]()
 
 
@@ -308,7 +433,8 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
 
     Raises:
       ValueError: ``resume`` and ``overwrite`` together, ``directory`` is an empty path, a
-        dangling link or not a directory, or (``resume``) run files in it are links.
+        dangling link or not a directory, its lock file is not a regular file, or
+        (``resume``) run files in it are links.
       NothingToResumeError: ``resume`` without a :data:`LAST_CHECKPOINT` in ``directory``
         (a ``FileNotFoundError``).
       RunExistsError: ``directory`` holds a run and neither ``resume`` nor ``overwrite`` is
@@ -328,7 +454,7 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
         raise ValueError(f'{directory} exists and is not a directory.')
     holder = _other_holder(directory)
     if holder is not None:
-        raise RunLockedError(directory, *holder)
+        raise _locked_error(directory, directory / LOCK_NAME, holder)
     if resume:
         if not (directory / LAST_CHECKPOINT).is_file():
             raise NothingToResumeError(f'nothing to resume: {directory} has no '
@@ -411,11 +537,15 @@ def _stale_temporaries(directory: Path) -> list:
             + sorted(directory.glob(f'{TRASH_PREFIX}*')))
 
 
-def lagging(directory: Union[str, os.PathLike], epoch: int, best: Optional[dict]) -> list:
+def lagging(directory: Union[str, os.PathLike], epoch: int, best: Optional[dict],
+            summary: tuple = ()) -> list:
     """Names of the files of the run in ``directory`` that lag behind its last checkpoint
     (``epoch`` completed, ``best`` its best-epoch entry), as a run killed during the writes
     that follow that checkpoint leaves them: the best checkpoint (when the last epoch was
-    the best), ``metrics.json``, the learning curve, and temporary files."""
+    the best), ``metrics.json`` (of an earlier epoch, or without the keys ``summary`` that
+    the caller writes when the run is finished), the learning curve, and temporary files.
+    ``metrics.json`` is the last file each epoch writes, so one of this epoch tells that
+    the curve is this epoch's too."""
     from .checkpoint import CheckpointError, read
 
     directory = Path(directory)
@@ -429,10 +559,10 @@ def lagging(directory: Union[str, os.PathLike], epoch: int, best: Optional[dict]
             found.append(BEST_CHECKPOINT)
     try:
         logged = json.loads((directory / METRICS_NAME).read_bytes())
-        logged = logged.get('epochs_completed') if isinstance(logged, dict) else None
     except (OSError, ValueError):
         logged = None
-    if epoch and logged != epoch:
+    logged = logged if isinstance(logged, dict) else {}
+    if epoch and (logged.get('epochs_completed') != epoch or not set(summary) <= set(logged)):
         found.append(METRICS_NAME)
     if epoch and not (directory / CURVE_NAME).is_file():
         found.append(CURVE_NAME)

@@ -147,7 +147,7 @@ def _check_fit(meta: dict, given: dict, datasets: dict, path) -> list:
         {k: v for k, v in given.items() if k not in datasets})
     described, notes = {}, []
     for key, dataset in datasets.items():
-        change, note = data_change(stored.get(key), dataset)
+        change, note = data_change(stored.get(key), dataset, now=given.get(key))
         if change is not None:
             differences[key] = (stored.get(key), given.get(key))
             described[key] = change

@@ -51,6 +51,17 @@ Bad data never becomes bad parameters: inputs, labels and shapes are checked
 against the model before the first step, and an update whose loss, gradient
 or result is not finite is never applied (``nonfinite='skip'`` counts it and
 warns, ``'raise'`` stops).
+
+Non-finite inputs follow one rule, under the learner's one switch
+(``check_finite``, on by default): the trainer refuses a NaN or an infinity
+where it first sees the data, naming the data set and the first bad position
+-- a data set in memory whole before the first step (by sample), other data
+batch by batch, the ``xs`` of :meth:`Trainer.train_batch` and
+:meth:`Trainer.value_and_grad` as given -- so the learner's own check of the
+same inputs always passes. What the trainer computes itself is no input: a
+loss whose derivative with respect to the outputs is not finite (e.g. a
+firing-rate regulariser that overflows) is a non-finite update, under
+``nonfinite``.
 """
 from __future__ import annotations
 
@@ -325,15 +336,20 @@ class Trainer:
         class_labels(f'{name} labels', dataset.labels, num_outputs)
         self._step_weights(dataset.num_steps, name)
         if isinstance(dataset, EventDataset):
-            finite(f'{name} events', dataset.events,
-                   _axes(dataset.events.ndim, ('sample', 't')))
+            self._check_finite(f'{name} events', dataset.events, ('sample', 't'))
+
+    def _check_finite(self, name: str, array, lead: tuple) -> None:
+        """The one input rule (module docstring): ``array`` ``(*lead, *frame_shape)`` holds no
+        NaN or infinity, unless the learner's ``check_finite`` is off."""
+        if self.learner.check_finite:
+            finite(name, array, _axes(np.ndim(array), lead))
 
     def _batches(self, name: str, dataset, batch_size: int, **kwargs):
         """``dataset.batches(batch_size, **kwargs)``, each checked to be finite unless the
         whole dataset was (in memory)."""
         for i, (xs, labels) in enumerate(dataset.batches(batch_size, **kwargs)):
             if not isinstance(dataset, EventDataset):
-                finite(f'{name} events (batch {i})', xs, _axes(xs.ndim, ('t', 'b')))
+                self._check_finite(f'{name} events (batch {i})', xs, ('t', 'b'))
             yield xs, labels
 
     def _check_batch(self, xs, labels) -> tuple:
@@ -346,7 +362,7 @@ class Trainer:
         labels = class_labels('labels', labels, num_outputs, batch=xs.shape[1])
         self._parallel.check_batch_size('the batch size B of xs (T, B, ...)', xs.shape[1])
         self._step_weights(xs.shape[0], 'xs')
-        finite('xs', xs, _axes(xs.ndim, ('t', 'b')))
+        self._check_finite('xs', xs, ('t', 'b'))
         return xs, labels
 
     # ------------------------------------------------------------------ updates
@@ -368,8 +384,13 @@ class Trainer:
               & jnp.all(jnp.stack([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)])))
         return params, opt_state, ok, finite_grads
 
-    def _apply(self, grads: dict, loss) -> bool:
-        """Apply gradient mantissas unless something is not finite; True if applied."""
+    def _apply(self, grads: Optional[dict], loss) -> bool:
+        """Apply gradient mantissas unless something is not finite (``grads`` ``None``: the
+        loss's derivative was not, so there are none); True if applied."""
+        if grads is None:
+            what = ('non-finite loss' if not np.isfinite(float(loss))
+                    else 'non-finite derivative of the loss with respect to the outputs')
+            return self._refuse_update(what)
         params, opt_state, ok, finite_grads = self._update(
             grads, self.opt_state, self._view.mantissas(), jnp.asarray(loss))
         if bool(ok):
@@ -381,6 +402,10 @@ class Trainer:
         what = (f'non-finite gradient of {", ".join(bad)}' if bad
                 else 'non-finite loss' if not np.isfinite(float(loss))
                 else 'the update would make parameters non-finite')
+        return self._refuse_update(what)
+
+    def _refuse_update(self, what: str) -> bool:
+        """An update not applied because of ``what``: raised or skipped (``nonfinite``)."""
         if self.nonfinite == 'raise':
             raise FloatingPointError(
                 f'update {self.updates + 1} (epoch {self.epoch + 1}): {what}; parameters and '
@@ -411,11 +436,15 @@ class Trainer:
         ``xs``: ``(T, B, *frame_shape)`` (``B`` a multiple of the number of
         devices); ``labels``: int ``(B,)``. Returns
         ``(loss, grads)``: ``grads`` keyed like ``model.states(ParamState)``,
-        each ``dL/dW`` in ``1 / unit(W)`` (plain arrays for plain parameters).
+        each ``dL/dW`` in ``1 / unit(W)`` (plain arrays for plain parameters);
+        NaN where the loss of the whole sequence has no finite derivative.
         """
         xs, labels = self._check_batch(xs, labels)
         loss, grads, _ = self._sequence_gradient(xs, labels,
                                                  self._step_weights(xs.shape[0], 'xs'))
+        if grads is None:   # the loss's derivative is not finite: neither is its gradient
+            return float(loss), self._view.gradients(
+                jax.tree.map(lambda m: jnp.full_like(m, jnp.nan), self._view.mantissas()))
         return float(loss), self._view.gradients(self._view.grad_mantissas(grads))
 
     def _batch_loss(self, outputs, labels, step_weights):
@@ -430,7 +459,8 @@ class Trainer:
     def _sequence_gradient(self, xs: np.ndarray, labels: np.ndarray, step_weights: np.ndarray):
         """``(loss, grads, outputs)`` of whole sequences. A loss of the whole sequence takes
         two passes (:mod:`braintrace_conv.training.loss`): the outputs and the cotangents
-        ``dL/d output``, then the gradient of the linearised step loss."""
+        ``dL/d output``, then the gradient of the linearised step loss; ``grads`` is
+        ``None`` when the cotangents are not finite (no gradient is taken)."""
         xs, weighted_labels = self._placed(xs, labels, step_weights)
         if not self._whole_sequence:
             return self.learner.value_and_grad(_step_loss, xs, weighted_labels,
@@ -439,6 +469,8 @@ class Trainer:
         placed_labels = weighted_labels[0][0]       # (B,), split over the devices
         loss, cotangents = jax.value_and_grad(
             lambda out: jnp.mean(self._batch_loss(out, placed_labels, step_weights)))(outputs)
+        if not all(bool(jnp.all(jnp.isfinite(c))) for c in jax.tree.leaves(cotangents)):
+            return loss, None, outputs
         _, grads = self.learner.value_and_grad(linearised_step_loss, xs, cotangents)
         return loss, grads, outputs
 
@@ -460,7 +492,7 @@ class Trainer:
         step_weights = self._step_weights(xs.shape[0], 'xs')
         if self.update_every is None:
             loss, grads, outputs = self._sequence_gradient(xs, labels, step_weights)
-            self._apply(self._view.grad_mantissas(grads), loss)
+            self._apply(None if grads is None else self._view.grad_mantissas(grads), loss)
             total, scores = float(loss), placement.to_host(split_output(outputs)[0])
         else:
             self.learner.reset(len(labels))
@@ -532,7 +564,8 @@ class Trainer:
             eval_dataset=None, eval_batch_size: Optional[int] = None,
             out_dir: Union[str, os.PathLike, None] = None, resume: bool = False,
             overwrite: bool = False, run_config: Optional[dict] = None, log_every: int = 1,
-            tensorboard: Optional[bool] = None, progress: bool = True) -> list:
+            tensorboard: Optional[bool] = None, progress: bool = True,
+            verify_data: bool = False) -> list:
         """Train until ``epochs`` epochs in total are completed.
 
         Each epoch visits the training set once in a random order, in batches
@@ -573,7 +606,8 @@ class Trainer:
             (:mod:`~braintrace_conv.training.fingerprint`), which name a file
             of a streamed dataset whose size or modification time changed; a
             fingerprint of an older version, of the file paths only, is
-            compared as such, with a warning. A larger
+            compared as such, with a warning (see ``verify_data`` for a file
+            rewritten with its size and modification time restored). A larger
             ``epochs`` continues a finished run (an entry ``'epochs'`` of
             ``run_config`` equal to ``epochs`` may exceed the stored one).
             The best checkpoint, ``metrics.json`` and the learning curve of a
@@ -589,6 +623,12 @@ class Trainer:
           tensorboard: TensorBoard events too: ``None`` when ``tensorboardX`` is installed.
           progress: Show a tqdm bar per epoch (in a notebook or on a terminal only)
             and print one summary line per epoch.
+          verify_data: Fingerprint a streamed data set's files by their contents too
+            (SHA-256; :func:`~braintrace_conv.training.fingerprint.data_fingerprint`), so a
+            resumed or re-evaluated run also refuses a file rewritten with its size and
+            modification time restored. Every file is read once per call (about a third
+            of the time one epoch takes to read and bin them, ``docs/benchmarks.md``).
+            Needs ``out_dir``; a run is resumed with the value it was started with.
 
         Returns:
           list of dict: :attr:`history`: per epoch ``epoch``, ``train_loss`` (mean over
@@ -600,20 +640,21 @@ class Trainer:
                         eval_dataset=eval_dataset, eval_batch_size=eval_batch_size,
                         out_dir=out_dir, resume=resume, overwrite=overwrite,
                         run_config=run_config, log_every=log_every, tensorboard=tensorboard,
-                        progress=progress)
+                        progress=progress, verify_data=verify_data)
 
     def check_fit(self, train_dataset, *, epochs: int, batch_size: int, seed: int = 0,
                   eval_dataset=None, eval_batch_size: Optional[int] = None,
                   out_dir: Union[str, os.PathLike, None] = None, resume: bool = False,
                   overwrite: bool = False, run_config: Optional[dict] = None,
-                  log_every: int = 1) -> None:
+                  log_every: int = 1, verify_data: bool = False) -> None:
         """Check the arguments of :meth:`fit` as it does before it changes anything: each
         argument, and the data sets against the model. Raises what :meth:`fit` would
         raise for them; the run directory is checked by :meth:`fit` itself."""
         _fit.check_arguments(self, train_dataset, eval_dataset, epochs=epochs,
                              batch_size=batch_size, seed=seed, eval_batch_size=eval_batch_size,
                              out_dir=out_dir, resume=resume, overwrite=overwrite,
-                             run_config=run_config, log_every=log_every)
+                             run_config=run_config, log_every=log_every,
+                             verify_data=verify_data)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
@@ -684,14 +725,15 @@ class Trainer:
                     history=self.history)
 
     def write_logs(self, out_dir: Union[str, os.PathLike], **extra) -> dict:
-        """Write ``metrics.json`` (:meth:`metrics` plus ``extra``) and
-        ``learning_curve.png`` into ``out_dir``, holding its lock
+        """Write ``learning_curve.png`` and then ``metrics.json`` (:meth:`metrics` plus
+        ``extra``; written last, so a ``metrics.json`` of this epoch says the curve is of
+        this epoch too) into ``out_dir``, holding its lock
         (:func:`~braintrace_conv.training.run_dir.locked`: ``RunLockedError`` while another
         process writes a run there); returns the metrics dict."""
         metrics = dict(self.metrics(), **extra)
         with run_dir.locked(out_dir) as out_dir:
-            logs.write_metrics(out_dir, metrics)
             if self.history:
                 logs.write_curve(out_dir, self.history, logs.run_title({**self.run_config,
                                                                          **self.config()}))
+            logs.write_metrics(out_dir, metrics)
         return metrics

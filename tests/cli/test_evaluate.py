@@ -171,6 +171,41 @@ def test_changed_file_contents_are_named_on_resume_and_evaluate(streamed, capsys
         capsys.readouterr().err
 
 
+def rewritten_in_place(path) -> None:
+    """Another content in ``path``, its size and modification time restored."""
+    st, events = os.stat(path), np.load(path)
+    events['x'] = 31 - events['x']
+    np.save(path, events)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size
+
+
+def test_verify_data_names_a_file_rewritten_with_its_size_and_time_kept(recordings, tmp_path,
+                                                                        capsys):
+    data, out = tmp_path / 'data', tmp_path / 'run'
+    shutil.copytree(recordings / 'audio', data)
+    assert main([*STREAMED, '--verify-data', '--data', str(data), '--out', str(out)]) == 0
+    assert main(['evaluate', '--run', str(out)]) == 0
+    train_files, test_files = split_files(data)
+    rewritten_in_place(train_files[1])
+    rewritten_in_place(test_files[0])
+    before = tree(out)
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(out)]) == 2
+    assert error_line(capsys).endswith(
+        f'differs from the one it was evaluated on: 1 of its 6 files changed since (content, '
+        f'with size and modification time kept): {test_files[0]}; pass --allow-data-change to '
+        f'evaluate anyway')
+    assert main([*STREAMED, '--verify-data', '--epochs', '2', '--data', str(data), '--out',
+                 str(out), '--resume']) == 2
+    assert f'train_data: 1 of its 18 files changed since (content, with size and modification ' \
+           f'time kept): {train_files[1]})' in error_line(capsys)
+    assert main([*STREAMED, '--epochs', '2', '--data', str(data), '--out', str(out),
+                 '--resume']) == 2      # the run's option: its checks are not dropped
+    assert '--verify-data True (now unset)' in error_line(capsys)
+    assert tree(out) == before
+
+
 def older_fingerprints(data, run, out):
     """A copy ``out`` of ``run`` whose checkpoints hold the fingerprints of an older version:
     the streamed files' absolute paths only."""

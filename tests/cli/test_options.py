@@ -43,7 +43,8 @@ def test_the_old_tables_are_views_of_the_records():
         'task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'samples', 'size', 'steps',
         'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay', 'update_every',
         'loss', 'final_steps', 'target_rates', 'rate_target', 'rate_strength', 'nonfinite',
-        'data', 'sensor_size', 'window_us', 'stream', 'window', 'delay', 'cues', 'clip_norm'}
+        'data', 'sensor_size', 'window_us', 'stream', 'window', 'delay', 'cues', 'clip_norm',
+        'verify_data'}
 
 
 def test_library_names_of_option_values_are_spelled_as_the_options():
@@ -62,10 +63,9 @@ def test_requirements_say_what_an_option_depends_on():
     assert window.met({'algorithm': 'd-rtrl'}) and not window.met({'algorithm': 'bptt'})
     assert window.refusal('window') == ('--window applies only to --algorithm d-rtrl or '
                                         'es-d-rtrl (BPTT is exact)')
-    # declared, and used for what is stored, but not refused yet
     by_name = {option.name: option for option in TRAIN_OPTIONS}
-    assert [r.refused for r in by_name['target_rates'].requires] == [False]
-    assert [r.refused for r in by_name['rate_strength'].requires] == [False]
+    assert [r.option for r in by_name['target_rates'].requires] == ['loss']
+    assert [r.option for r in by_name['rate_strength'].requires] == ['rate_target']
     assert [r.option for r in by_name['decay'].requires] == ['algorithm']
 
 
@@ -77,7 +77,8 @@ def resolved(*argv):
 def test_a_run_stores_the_options_that_define_it():
     stored = stored_options(resolved('--samples', '48'))
     assert set(stored) == set(options.RUN_OPTIONS) - {
-        'target_rates', 'rate_target', 'rate_strength', 'window', 'delay', 'cues', 'clip_norm'}
+        'target_rates', 'rate_target', 'rate_strength', 'window', 'delay', 'cues', 'clip_norm',
+        'verify_data'}
     assert stored['channels'] == [8, 16] and stored['final_steps'] == 1
     assert 'devices' not in stored and 'out' not in stored and 'log_every' not in stored
     effective = stored_options(resolved('--loss', 'count-mse', '--rate-target', '0.1'))

@@ -35,6 +35,11 @@ ARGUMENTS = [  # the rules of the command line itself
      '--size must be at least 8 for --task digits, got 4'),
     (['train', '--steps', '1'], '--steps must be at least 2 for --task moving-bars'),
     (['train', '--final-steps', '3'], '--final-steps applies only with --loss final'),
+    (['train', '--target-rates', '0.9', '0.1'],
+     '--target-rates applies only with --loss count-mse'),
+    (['train', '--loss', 'count-ce', '--target-rates', '0.9', '0.1'],
+     '--target-rates applies only with --loss count-mse'),
+    (['train', '--rate-strength', '3'], '--rate-strength applies only with --rate-target'),
     (['train', '--out', ''], 'argument --out: expected a path, got an empty string'),
     (['train', '--out', ' '], 'argument --out: expected a path, got an empty string'),
     (['train', '--task', 'events', '--data', '', '--sensor-size', '34,34,2'],
@@ -58,6 +63,7 @@ ARGUMENTS = [  # the rules of the command line itself
     (['train', '--data', '.'], '--data applies only to --task events'),
     (['train', '--stream'], '--stream applies only to --task events'),
     (['train', '--cache-size', '0'], '--cache-size applies only to --task events'),
+    (['train', '--verify-data'], '--verify-data applies only to --task events'),
 ]
 
 LIBRARY_RULES = [  # rules the library checks: its refusal names the option
@@ -81,11 +87,17 @@ LIBRARY_RULES = [  # rules the library checks: its refusal names the option
      '--delay must be a positive integer, got 0'),
     ([*TRAIN, '--task', 'delayed-bars', '--cues', '2', '--delay', '1', '--tau', '0'],
      '--tau must be a positive number, got 0.0'),
+    ([*TRAIN, '--tau', '1e-30'],        # ES-D-RTRL's decay comes from it: exp(-1/1e-30) = 0
+     r'--tau must be large enough that the trace decay exp\(-dt/tau\) per step of dt = 1 ms '
+     r'is positive, got 1e-30; give a larger --tau or a --decay\.$'),
     ([*TRAIN, '--batch-size', '40'],
      r'--batch-size must be at most the number of training samples \(32\), got 40'),
     (['train', '--task', 'digits', '--samples', '5000'],
      r'--samples must be at most the number of digits \(1797\), got 5000'),
-    ([*TRAIN, '--rate-strength', '-1'], '--rate-strength must be a positive number, got -1.0'),
+    ([*TRAIN, '--rate-target', '0.1', '--rate-strength', '-1'],
+     '--rate-strength must be a positive number, got -1.0'),
+    ([*TRAIN, '--rate-target', '0.1', '--rate-strength', 'inf'],
+     '--rate-strength must be a positive number, got inf'),
     ([*TRAIN, '--loss', 'count-mse', '--target-rates', '2', '0'],
      r'--target-rates must be two rates per step in \[0, 1\] \(true class, other classes\), '
      r'got \[2.0, 0.0\]'),
@@ -118,6 +130,8 @@ EVENT_CASES = [
     (['--data', '{root}', '--sensor-size', '32,1,1'], 'no .npy or .npz files found'),
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--cache-size', '4'],
      '--cache-size applies only with --stream'),
+    (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--verify-data'],
+     '--verify-data applies only with --stream'),
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--stream', '--cache-size', '-1'],
      '--cache-size must be a non-negative integer, got -1'),
     (['--data', '{root}/audio', '--sensor-size', '32,1,1', '--window-us', '0'],

@@ -13,10 +13,20 @@ import numpy as np
 import pytest
 
 from braintrace_conv.cli import main
+from braintrace_conv.cli.train import SUMMARY
 from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, SCALAR_COLUMNS,
                                       SCALARS_NAME, Trainer, checkpoint, logs)
 
 from cli_runs import AUDIO, EVENT_TINY, TINY, TRAIN, error_line, files_of, refused
+
+
+def cli(*argv, timeout=120, prelude=''):
+    """``braintrace-conv argv`` in a fresh process (after the Python code ``prelude``)."""
+    code = (f'{prelude}\nimport sys\nfrom braintrace_conv.cli import main\n'
+            f'sys.exit(main(sys.argv[1:]))')
+    return subprocess.run([sys.executable, '-c', code, *map(str, argv)], capture_output=True,
+                          text=True, timeout=timeout)
+
 
 RUN_DIRECTORIES = [  # refused: nothing on disk is created or changed
     ([*TRAIN, '--out', '{run}'], r'--out .*run already holds a run \(checkpoint-last.npz, '
@@ -203,6 +213,38 @@ def test_resume_repairs_an_interrupted_end_and_extends_a_finished_run(run, tmp_p
     assert 'other options: --epochs 2 (now 1)' in error_line(capsys)
 
 
+# killed right after this write of the last epoch (a fresh process, its write functions
+# wrapped): the curve, or the epoch's metrics.json before the command adds its summary
+KILLED_AFTER = {
+    'write_curve': 'len(args[1]) == 2',
+    'write_metrics': "args[1]['epochs_completed'] == 2 and 'wall_time_s' not in args[1]",
+}
+
+
+@pytest.mark.parametrize('write', KILLED_AFTER)
+def test_a_run_killed_in_its_last_writes_is_repaired_on_resume(tmp_path, capsys, write):
+    out = tmp_path / 'run'      # killed in float64, the precision of the suite that resumes it
+    prelude = (f'import os, signal\nimport braintrace_conv\nbraintrace_conv.use_float64()\n'
+               f'from braintrace_conv.training import logs\n'
+               f'write = logs.{write}\n'
+               f'def killed(*args):\n    write(*args)\n'
+               f'    if {KILLED_AFTER[write]}:\n        os.kill(os.getpid(), signal.SIGKILL)\n'
+               f'logs.{write} = killed')
+    epochs = [*TINY[:TINY.index('--epochs') + 1], '2', *TINY[TINY.index('--epochs') + 2:]]
+    assert cli('train', *epochs, '--out', out, prelude=prelude).returncode == -9
+    capsys.readouterr()
+    assert main(['train', *epochs, '--out', str(out), '--resume']) == 0
+    assert 'was interrupted while writing its files; repairing metrics.json' in \
+        capsys.readouterr().out
+    metrics = json.loads((out / 'metrics.json').read_text())
+    assert metrics['epochs_completed'] == 2 and set(SUMMARY) <= set(metrics)
+    logs.write_curve(tmp_path, metrics['history'],                 # the curve of epoch 2
+                     logs.run_title({**metrics['run_config'], **metrics}))
+    assert (out / CURVE_NAME).read_bytes() == (tmp_path / CURVE_NAME).read_bytes()
+    assert main(['train', *epochs, '--out', str(out), '--resume']) == 0
+    assert 'already finished (2/2 epochs); nothing to do' in capsys.readouterr().out
+
+
 def test_a_locked_run_directory_names_its_holder(run, tmp_path, capsys):
     out = copy_of(run, tmp_path / 'run')
     hold = ('import sys, time\nfrom braintrace_conv.training import run_dir\n'
@@ -222,13 +264,69 @@ def test_a_locked_run_directory_names_its_holder(run, tmp_path, capsys):
     assert (out / LAST_CHECKPOINT).read_bytes() == (run / LAST_CHECKPOINT).read_bytes()
 
 
-def test_an_impossible_learning_rate_is_named(tmp_path):
+def test_a_lock_file_that_is_no_regular_file_is_named_and_never_waited_for(tmp_path, capsys):
+    out = tmp_path / 'run'
+    out.mkdir()
+    os.mkfifo(out / '.lock')        # opened for reading, a FIFO blocks until a writer comes
+    done = cli('train', *TINY, '--out', out, timeout=60)
+    assert done.returncode == 2 and 'Traceback' not in done.stderr
+    assert done.stderr.endswith(f'error: --out: the lock file {out}/.lock is a FIFO, not a '
+                                f'regular file; remove it to write a run in {out}.\n'), done.stderr
+    for kind, make in (('a symbolic link', lambda p: p.symlink_to(tmp_path / 'elsewhere')),
+                       ('a directory', lambda p: p.mkdir())):
+        out = tmp_path / kind.split()[-1]
+        out.mkdir()
+        make(out / '.lock')
+        assert main(['train', *TINY, '--out', str(out)]) == 2
+        assert error_line(capsys) == (f'braintrace-conv: error: --out: the lock file '
+                                      f'{out}/.lock is {kind}, not a regular file; remove it to '
+                                      f'write a run in {out}.')
+        assert os.listdir(out) == ['.lock'] and not (tmp_path / 'elsewhere').exists()
+
+
+def test_without_fcntl_a_lock_left_on_another_host_names_the_file_to_remove(tmp_path):
+    out = tmp_path / 'run'
+    out.mkdir()
+    (out / '.lock').write_text('4242 otherhost 0123\n')    # a day old: its host crashed
+    os.utime(out / '.lock', (time.time() - 86400,) * 2)
+    done = cli('train', *TINY, '--out', out, prelude="import sys; sys.modules['fcntl'] = None")
+    assert done.returncode == 2 and 'Traceback' not in done.stderr
+    assert done.stderr.endswith(
+        f'error: --out: {out} is in use: another process (pid 4242 on otherhost) is writing a '
+        f'run in it; wait for it to end or stop it; if it no longer runs on otherhost, remove '
+        f'its lock file {out}/.lock (written 24.0 h ago).\n'), done.stderr
+    assert os.listdir(out) == ['.lock']
+
+
+def test_a_run_directory_removed_during_the_run_is_said_so(tmp_path):
+    out = tmp_path / 'run'
+    run = run_cli(out)
+    deadline = time.monotonic() + 300
+    while not (out / LAST_CHECKPOINT).exists():
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    os.rename(out, tmp_path / 'removed')    # as a user removing it sees it: gone at once
+    shutil.rmtree(tmp_path / 'removed', ignore_errors=True)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 1 and 'Traceback' not in err, err
+    assert err == (f'braintrace-conv: error: the run directory {out} was removed or replaced '
+                   f'while this process was writing a run in it (its lock file .lock is no '
+                   f'longer the one it holds); nothing more is written there.\n')
+    assert not out.exists()     # never created again
+
+
+@pytest.mark.parametrize('options, remedy', [
+    (['--lr', '1e300'], r'lower --lr \(now 1e\+300\)'),
+    (['--rate-target', '0.1', '--rate-strength', '1e300'],
+     r'the loss was not finite for any batch; lower --rate-strength \(now 1e\+300\)'),
+])
+def test_an_impossible_setting_is_named(tmp_path, options, remedy):
     # in float32 (the default; the suite runs in float64) every update overflows
-    done = subprocess.run([sys.executable, '-m', 'braintrace_conv.cli', 'train', *TINY, '--lr',
-                           '1e300', '--out', str(tmp_path)], capture_output=True, text=True)
+    done = cli('train', *TINY, *options, '--out', tmp_path)
     assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr
     assert re.search(r'warning: all \d+ updates were skipped for non-finite values, so the model '
-                     r'did not learn; lower --lr \(now 1e\+300\)', done.stderr), done.stderr
+                     rf'did not learn; {remedy}\n', done.stderr), done.stderr
 
 
 def test_progress_off_a_terminal_is_plain_lines(tmp_path, capsys):

@@ -59,7 +59,7 @@ def test_encoder_argument_errors():
     key = jax.random.PRNGKey(0)
     with pytest.raises(ValueError, match=r'x must hold intensities in \[0, 1\]'):
         encoders.rate(jnp.asarray([[1.5]]), 3, key)
-    with pytest.raises(ValueError, match='gain must be in'):
+    with pytest.raises(ValueError, match=r'gain must be a number in \(0, 1\], got 2.0'):
         encoders.rate(jnp.asarray([[0.5]]), 3, key, gain=2.0)
     with pytest.raises(ValueError, match='num_steps must be a positive int'):
         encoders.latency(jnp.asarray([[0.5]]), 0)
@@ -69,3 +69,35 @@ def test_encoder_argument_errors():
         encoders.delta(jnp.asarray([0.5, 0.2]))
     with pytest.raises(ValueError, match='threshold must be a positive number'):
         encoders.delta(jnp.zeros((3, 1)), 0.0)
+
+
+def test_nonfinite_inputs_are_named_never_dropped():
+    key, x = jax.random.key(0), np.array([[0.5, np.nan, 0.2]])
+    for encode in (lambda: encoders.rate(x, 3, key), lambda: encoders.latency(x, 3)):
+        with pytest.raises(ValueError, match=r'^x must be finite, got nan at b=0, axis 1=1 \(1 '
+                                             r'non-finite value\(s\) in all\)\.$'):
+            encode()
+    xs = np.zeros((4, 1, 2))
+    xs[2, 0, 1] = -np.inf
+    with pytest.raises(ValueError, match=r'^xs must be finite, got -inf at t=2, b=0, axis 2=1'):
+        encoders.delta(xs)
+    with pytest.raises(ValueError, match='^initial must be finite, got nan at '):
+        encoders.delta(np.zeros((4, 1, 2)), initial=[0.0, np.nan])
+    with pytest.raises(ValueError, match=r'^x must hold intensities in \[0, 1\], got values in '
+                                         r'\[-0.5, 0.5\]; scale the data first\.$'):
+        encoders.rate(np.array([[-0.5, 0.5]]), 3, key)
+    with pytest.raises(ValueError, match=r'^threshold must be a number in \[0, 1\), got nan\.$'):
+        encoders.latency(np.array([[0.5]]), 3, threshold=np.nan)
+
+
+def test_a_log_code_under_which_nothing_could_spike_is_refused():
+    x = np.array([[1.0, 0.5]])
+    # the earliest spike (x = 1) is at round(tau ln(1 / (1 - threshold))): 99.5 * 0.01005 = 1
+    assert encoders.latency(x, 2, code='log', tau=99.5).sum() == 1
+    for tau in (150.0, 1e300):
+        with pytest.raises(ValueError, match=r"^tau must be below 149.2 for code='log', "
+                                             r'threshold 0.01 and num_steps 2, got'):
+            encoders.latency(x, 2, code='log', tau=tau)
+    with pytest.raises(ValueError, match=r'^tau must be a positive number, got inf\.$'):
+        encoders.latency(x, 2, code='log', tau=np.inf)
+    assert encoders.latency(x, 2, code='linear', tau=1e300).sum() == 2     # tau: log code only

@@ -164,8 +164,9 @@ def forged(run, tmp_path, meta_text: bytes, edit=None):
     (lambda a, m: m.update(epoch=10**30), 'invalid history: 10{30} epoch'),
     (lambda a, m: m.update(history=[1, 2]), 'invalid history'),
     (lambda a, m: m.update(skipped_updates=-5), 'skipped_updates = -5'),
-    (lambda a, m: m.update(rng=None), 'invalid generator states: the shuffling generator is '
-                                      'None after 3 update'),
+    (lambda a, m: m.update(rng=None), r'invalid generator states: the shuffling generator is '
+                                      r'None after 1 epoch\(s\); a run saves it from its first '
+                                      r'epoch on'),
     (lambda a, m: m.update(best=dict(epoch=4, test_accuracy=0.5)), 'invalid best entry'),
     (lambda a, m: m.update(devices=0), r'devices = 0 in its metadata; it must lie in \[1, inf\]'),
     (lambda a, m: a['param/fc.weight'].__setitem__((0, 0), np.nan),

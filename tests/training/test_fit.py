@@ -39,6 +39,8 @@ from trainers import SIZE, K, T, events_with, files_of, model, params_of, refuse
     (dict(overwrite=True), ValueError, 'resume and overwrite need out_dir'),
     (dict(run_config={'schedule': print}), TypeError, 'run_config must be a JSON-able dict'),
     (dict(run_config=[1, 2]), TypeError, 'run_config must be a dict, got list'),
+    (dict(verify_data=True), ValueError, 'verify_data needs out_dir'),
+    (dict(verify_data=1), TypeError, 'verify_data must be True or False, got 1'),
 ])
 def test_fit_arguments(data, kwargs, error, match):
     tr = trainer()

@@ -130,3 +130,27 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path):
         assert (out / run_dir.LOCK_NAME).exists()
     assert os.listdir(out) == []                                    # released
 
+
+
+@pytest.mark.parametrize('with_fcntl', [True, False])
+def test_a_held_directory_removed_meanwhile_is_an_error_and_never_recreated(
+        tmp_path, monkeypatch, with_fcntl):
+    if not with_fcntl:
+        monkeypatch.setattr(run_dir, 'fcntl', None)
+    out = tmp_path / 'run'
+    lost = rf'the run directory {out} was removed or replaced while this process was writing'
+    with run_dir.locked(out):
+        with pytest.raises(run_dir.RunDirectoryLostError, match=lost):
+            with run_dir.locked(out):
+                shutil.rmtree(out)
+                (out / 'metrics.json').write_bytes(b'{}')   # a write finding it gone
+        with pytest.raises(run_dir.RunDirectoryLostError, match=lost):
+            with run_dir.locked(out):                       # re-entered: checked first
+                pass
+        assert not out.exists()
+        out.mkdir()                     # replaced: another writer's lock is left alone
+        (out / '.lock').write_text('1 elsewhere 0123\n')
+        with pytest.raises(run_dir.RunDirectoryLostError, match=lost):
+            with run_dir.locked(out):
+                pass
+    assert os.listdir(out) == ['.lock'] and (out / '.lock').read_text() == '1 elsewhere 0123\n'

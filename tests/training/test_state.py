@@ -85,6 +85,25 @@ def test_save_and_restore_checkpoint_round_trip(bars, tmp_path):
     assert_same(state_of(other), state_of(tr))
 
 
+def test_a_trainer_updated_with_train_batch_restores_its_own_checkpoint(bars, tmp_path):
+    # no fit, so no shuffling generator yet: the checkpoint holds none, and fit seeds one
+    train, _ = bars
+    tr = trainer()
+    xs, labels = next(train.batches(8))
+    tr.train_batch(xs, labels)
+    path = tmp_path / 'ckpt.npz'
+    tr.save_checkpoint(path)
+    other = trainer(seed=5)
+    other.restore_checkpoint(path)
+    assert other.updates == 1 and other.epoch == 0
+    assert_same(state_of(other), state_of(tr))
+    assert trainer(seed=5, optimizer=None).load_params(path)['step'] == 1
+    for continued in (tr, other):
+        continued.fit(train, epochs=1, batch_size=8, seed=3, progress=False)
+    continued, straight = state_of(other)[0], state_of(tr)[0]
+    assert all(np.array_equal(continued[k], straight[k]) for k in straight)
+
+
 def test_load_params_for_inference_needs_no_optimizer(evaluated_run, bars):
     out, tr = evaluated_run
     inference = trainer(seed=5, optimizer=None)

@@ -115,6 +115,8 @@ def test_evaluate_excludes_padding_and_reports_spike_rates(bars):
      r'got True\.'),
     (lambda m: Trainer(bc.BPTT(m), nonfinite='ignore'), ValueError,
      "nonfinite must be one of \\('skip', 'raise'\\)"),
+    (lambda m: Trainer(bc.BPTT(m), rate_strength=float('inf')), ValueError,
+     r'^rate_strength must be a positive number, got inf\.$'),
     (lambda m: Trainer(bc.BPTT(brainstate.nn.Module())), ValueError, 'no brainstate.ParamState'),
 ])
 def test_construction(make, error, match):
@@ -156,6 +158,50 @@ def test_nan_position_is_named(data):
     tr = trainer()
     refused(tr, lambda: tr.train_batch(xs, labels), ValueError,
             r'xs must be finite, got nan at t=3, b=5, channel=1, row=2, column=6')
+
+
+def test_the_learners_check_finite_switch_governs_the_trainers_input_check(data):
+    xs, labels = batch(data)
+    xs[3, 5, 1, 2, 6] = np.nan
+    m = model()
+    tr = Trainer(bc.ES_D_RTRL(m, m.membrane_decay(), check_finite=False), optax.adam(1e-2))
+    with pytest.warns(RuntimeWarning, match='skipped an optimiser update: non-finite gradient'):
+        tr.train_batch(xs, labels)                          # nonfinite='skip' decides
+    assert (tr.updates, tr.skipped_updates) == (1, 1)
+    # off, a data set is not checked either
+    assert tr.evaluate(events_with(np.nan, (3, 0, 1, 0, 0)))['accuracy'] >= 0
+
+
+class Loud(brainstate.nn.Module):
+    """Returns a layer's spikes offset by 1e308: their mean, the penalty and its derivative
+    overflow (as a large --rate-strength does in float32)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = recurrent_conv_snn((2,) + SIZE, K, channels=(2, 4), return_spikes=True)
+
+    def update(self, x):
+        scores, spikes = self.net(x)
+        return scores, {'loud': spikes['blocks.0.neuron'] + 1e308}
+
+
+@pytest.mark.parametrize('nonfinite', ['skip', 'raise'])
+def test_a_regulariser_that_overflows_is_a_nonfinite_update_not_bad_data(data, nonfinite):
+    # the loss and its derivative with respect to the outputs are infinite for finite,
+    # checked data: the trainer takes no gradient, and nonfinite decides
+    tr = Trainer(bc.BPTT(Loud()), optax.adam(1e-2), rate_targets={'loud': 0.1},
+                 nonfinite=nonfinite)
+    xs, labels = batch(data)
+    if nonfinite == 'raise':
+        refused(tr, lambda: tr.train_batch(xs, labels), FloatingPointError,
+                r'update 1 \(epoch 1\): non-finite loss; parameters and optimiser state are '
+                r'unchanged')
+        return
+    with pytest.warns(RuntimeWarning, match='skipped an optimiser update: non-finite loss'):
+        assert tr.train_batch(xs, labels)[0] == np.inf
+    assert (tr.updates, tr.skipped_updates) == (1, 1)
+    loss, grads = tr.value_and_grad(xs, labels)
+    assert loss == np.inf and all(np.isnan(g).all() for g in jax.tree.leaves(grads))
 
 
 # ----------------------------------------------------------------------------- gradients
