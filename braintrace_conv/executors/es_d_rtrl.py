@@ -65,6 +65,10 @@ class ES_D_RTRL(OnlineLearner):
 
     algorithm = 'ES-D-RTRL'
     required_rules = ES_DRTRL_RULES
+    # Its traces are small: on the DVS-sized net a call with them donated took 1.14-1.18x
+    # the time of one with fresh buffers (equal on the standard workload), while D-RTRL's
+    # large traces gain from donation (0.87x); benchmarks/call_overheads.py.
+    donate_state = False
 
     def __init__(self, model, decay=None, *, trace_dtype=None, window=None, check_finite=True):
         super().__init__(model, trace_dtype=trace_dtype, window=window, check_finite=check_finite)
