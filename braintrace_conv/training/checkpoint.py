@@ -200,10 +200,10 @@ def _check_meta(meta: dict, path) -> None:
     paths = meta.get('opt_paths', [])
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         raise CheckpointError(f"{path} lacks a valid 'opt_paths' entry in its metadata.")
-    rng = meta.get('rng')
-    if (rng is None and step > 0) or (rng is not None and not isinstance(rng, dict)):
+    rng = meta.get('rng')     # None: the trainer never shuffled (train_batch, a stream)
+    if rng is not None and not isinstance(rng, dict):
         raise CheckpointError(f'{path} has invalid generator states: the shuffling '
-                              f'generator is {rng!r} after {step} update(s).')
+                              f'generator is {rng!r}.')
     dtypes = meta.get('dtypes', {})
     if not isinstance(dtypes, dict) or not all(isinstance(v, str) for v in dtypes.values()):
         raise CheckpointError(f"{path} lacks a valid 'dtypes' entry in its metadata.")
