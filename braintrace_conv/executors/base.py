@@ -184,6 +184,7 @@ class Learner(abc.ABC):
         self._restored = None       # carry leaves from restore_online_state, for the next advance
         self._batch = None          # the batch size hidden states were initialised for
         self._last = None           # (step, prepared) of the last call
+        self._advancing = False     # whether the last gradient came from advance()
         self._checked_losses = collections.OrderedDict()   # bounded like _compiled
 
     # ------------------------------------------------------------------ public API
@@ -208,6 +209,7 @@ class Learner(abc.ABC):
             brainstate.nn.init_all_states(self.model, batch)
             self._batch = batch
         step, prepared = self._capture(xs)
+        self._advancing = False
         hidden = step.hidden_leaves()
         return self._call(step, prepared, loss_fn, hidden, self._take_state_buffers(prepared, hidden),
                           xs, targets, return_outputs, keep=False)
@@ -254,6 +256,7 @@ class Learner(abc.ABC):
                              f'a new run with this batch size.')
         xs = self._inputs(xs)
         step, prepared = self._capture(xs)
+        self._advancing = True
         if self._carry is None:
             hidden = step.hidden_leaves()
             self._carry = (hidden, self._fresh_state(prepared, hidden))
