@@ -96,17 +96,22 @@ def _learner(run, model):
 
 
 def _optimizer(run, train_samples: int):
-    """Adam with a cosine decay of ``--lr`` to 10% of it over the run's updates, after
-    clipping the gradient to ``--clip-norm``."""
+    """:func:`optimizer` over the run's updates."""
     # at least one update, so the schedule is defined: fit refuses a batch larger than the
     # training set itself
     updates = max(1, run.epochs * (train_samples // run.batch_size))
     if run.update_every is not None:
         updates *= math.ceil(run.steps / run.update_every)
-    optimizer = optax.adam(optax.cosine_decay_schedule(run.lr, updates, alpha=0.1))
+    return optimizer(run, updates)
+
+
+def optimizer(run, updates: int):
+    """Adam with a cosine decay of ``--lr`` to 10% of it over ``updates`` updates, after
+    clipping the gradient to ``--clip-norm``."""
+    adam = optax.adam(optax.cosine_decay_schedule(run.lr, updates, alpha=0.1))
     if run.clip_norm:
-        optimizer = optax.chain(optax.clip_by_global_norm(run.clip_norm), optimizer)
-    return optimizer
+        return optax.chain(optax.clip_by_global_norm(run.clip_norm), adam)
+    return adam
 
 
 def setup(run, usage: str, *, train: bool = True) -> tuple:

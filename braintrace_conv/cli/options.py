@@ -5,9 +5,9 @@ every task, per task, or per frame rank), the checks the command line needs befo
 uses the value, what the option depends on (:class:`Requires`), whether it is stored
 with a run and compared on ``--resume``, the names the library gives its value (so a
 library error names the option), and its help. The parser, the checks, ``--help`` and
-the run options stored with a run are all derived from :data:`TRAIN_OPTIONS` and
-:data:`EVALUATE_OPTIONS`; adding an option means adding a record here and the code that
-uses its value.
+the run options stored with a run are all derived from :data:`TRAIN_OPTIONS`,
+:data:`EVALUATE_OPTIONS` and :data:`STREAM_OPTIONS`; adding an option means adding a record
+here and the code that uses its value.
 
 Rules the library checks itself (a positive ``--tau``, a ``--decay`` in (0, 1], a
 ``--window`` no longer than ``--update-every``, ...) are not repeated here: the library's
@@ -20,13 +20,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from .._validation import ArgumentError, integer, number, positive
+from .._validation import ArgumentError, integer, non_negative, number, positive
 from ..training import NONFINITE, run_dir
 from ..training.loss import DEFAULT_TARGET_RATES, LOSSES
 
-__all__ = ['Option', 'Requires', 'TRAIN_OPTIONS', 'EVALUATE_OPTIONS', 'TASKS', 'ALGORITHMS',
-           'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS', 'SHD_CHANNELS', 'DEFAULT_CACHE_SIZE',
-           'MAX_SEED', 'flag', 'spell', 'given', 'stored_options']
+__all__ = ['Option', 'Requires', 'TRAIN_OPTIONS', 'EVALUATE_OPTIONS', 'STREAM_OPTIONS', 'TASKS',
+           'ALGORITHMS', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS', 'SHD_CHANNELS',
+           'DEFAULT_CACHE_SIZE', 'MAX_SEED', 'flag', 'spell', 'given', 'stored_options']
 
 #: Tasks: synthetic data sets (nothing is downloaded) and directories of recorded events.
 TASKS = ('moving-bars', 'delayed-bars', 'digits', 'shd', 'events')
@@ -319,12 +319,74 @@ EVALUATE_OPTIONS = (
 )
 
 
+def _shared(*names: str) -> tuple:
+    """The records of ``train`` that ``stream`` takes as they are."""
+    records = {option.name: option for option in TRAIN_OPTIONS}
+    return tuple(records[name] for name in names)
+
+
+_HELD_OUT = Requires('held_out')
+
+#: The options of ``braintrace-conv stream``, in the order of ``--help``.
+STREAM_OPTIONS = (
+    Option('recordings', type=path, nargs='+', metavar='FILE', required=True,
+           help='event files of the training stream (.npy, .npz, .aedat4, .raw), played in '
+                'this order, each labelled by the segments file NAME_labels.csv beside it '
+                '(DVS Gesture\'s layout) unless --segments names them'),
+    Option('segments', type=path, nargs='+', metavar='CSV',
+           help='segments files of --recordings, one per recording in the same order '
+                '(class,startTime_usec,endTime_usec or label,start_us,end_us)'),
+    Option('held_out', type=path, nargs='+', metavar='FILE',
+           help='held-out event files, evaluated every --eval-every chunks and at the end '
+                '(segments beside them unless --held-out-segments names them)'),
+    Option('held_out_segments', type=path, nargs='+', metavar='CSV', requires=(_HELD_OUT,),
+           help='segments files of --held-out, one per recording in the same order'),
+    Option('sensor_size', type=sensor_size, metavar='W,H,P', required=True,
+           help="the camera's size in tonic's order, e.g. 128,128,2"),
+    Option('dt_us', type=int, metavar='US', default=1000, check=positive,
+           help='time step, microseconds (default {default})'),
+    Option('update_every', type=int, metavar='STEPS', default=100, check=positive,
+           aliases=('chunk_steps',),
+           help='time steps per chunk: one optimiser update per chunk (default {default})'),
+    Option('batch_size', type=int, metavar='B', check=positive,
+           help='parallel streams: the recordings as one playlist played by B streams from '
+                'evenly spaced offsets (default: one stream per recording)'),
+    Option('num_classes', type=int, metavar='K', check=positive,
+           help='number of classes (default: the largest label of the segments, plus one)'),
+    Option('max_steps', type=int, metavar='STEPS', check=positive,
+           help='stop after this many time steps of each stream (default: where the '
+                'recordings end)'),
+    Option('loop', flag=True, default=False, requires=(Requires('max_steps'),),
+           help='play the recordings again and again (with --max-steps)'),
+    Option('eval_every', type=int, metavar='CHUNKS', check=positive, requires=(_HELD_OUT,),
+           help='chunks between evaluations on --held-out (default: at the end only)'),
+    Option('settle_steps', type=int, metavar='STEPS', default=0, check=non_negative,
+           help="steps at the start of each segment that do not vote for the segment's "
+                "prediction (default {default})"),
+    *_shared('algorithm', 'window', 'decay', 'channels', 'kernel_size', 'pool', 'tau', 'lr',
+             'clip_norm', 'seed', 'nonfinite', 'devices'),
+    Option('checkpoint_every', type=int, metavar='CHUNKS', default=100, check=positive,
+           stored='never',
+           help='chunks between checkpoints (also written after every evaluation and at the '
+                'end; default {default})'),
+    Option('log_every', type=int, metavar='CHUNKS', default=10, check=positive, stored='never',
+           help='chunks between rows of scalars.csv (and TensorBoard; default {default})'),
+    Option('out', type=path, stored='never',
+           help='run directory (default runs/stream-<algorithm>)'),
+    Option('resume', flag=True, default=False, stored='never', group='existing',
+           help='continue the run in OUT from its last checkpoint, where it stopped (the run '
+                'options must be those of the run)'),
+    *_shared('overwrite'),
+    Option('quiet', flag=True, default=False, stored='never',
+           help='no progress bar or evaluation lines'),
+)
+
 def _names(options: tuple) -> dict:
     """``{name or alias: option}`` of ``options``."""
     return {key: option for option in options for key in (option.name, *option.aliases)}
 
 
-_BY_NAME = {**_names(EVALUATE_OPTIONS), **_names(TRAIN_OPTIONS)}
+_BY_NAME = {**_names(STREAM_OPTIONS), **_names(EVALUATE_OPTIONS), **_names(TRAIN_OPTIONS)}
 
 
 def spell(name: str) -> Optional[str]:
@@ -334,11 +396,12 @@ def spell(name: str) -> Optional[str]:
     return None if option is None else flag(option.name)
 
 
-def stored_options(values: dict) -> dict:
-    """The run options among resolved ``values`` that are stored with a run and compared
-    on ``--resume`` (lists for tuples, so they compare with what JSON reads back)."""
+def stored_options(values: dict, options: tuple = TRAIN_OPTIONS) -> dict:
+    """The run options among resolved ``values`` (of ``options``, default ``train``'s) that
+    are stored with a run and compared on ``--resume`` (lists for tuples, so they compare
+    with what JSON reads back)."""
     stored = {}
-    for option in TRAIN_OPTIONS:
+    for option in options:
         value = values.get(option.name)
         if option.stored == 'never' or (option.stored == 'when given' and not given(value)):
             continue
