@@ -15,7 +15,10 @@ _TRAIN = ('Train a recurrent spiking conv net. Tasks: moving-bars (DVS-like), de
           '(--cues trials of a moving bar then --delay blank steps; the last bar\'s direction is '
           'asked for at the last step), digits (digit saccades), shd (SHD-like spoken words, '
           '700 channels, 1-D convolutions), events (a directory DATA/<class>/<sample>.npy|.npz '
-          'of tonic-format events).')
+          'of tonic-format events), and two long-memory tasks at their published timings: '
+          'cue-accumulation (e-prop\'s evidence accumulation, 2250 steps, which side showed '
+          'more cues 1050 steps earlier) and delayed-match (delayed match-to-sample, 3200 '
+          'steps, a delay of 1000 steps between the sample and the test).')
 _STREAM = ('Learn online from long recordings that are never cut into samples: the event '
            'files are played as a stream, binned into steps of --dt-us, labelled by time '
            'segments (DVS Gesture\'s layout), with one update every --update-every steps; '

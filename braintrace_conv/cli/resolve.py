@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .._validation import ArgumentError
 from ..training import placement
-from .options import TRAIN_OPTIONS, flag, given, stored_options
+from .options import LONG_MEMORY, TRAIN_OPTIONS, flag, given, stored_options
 from .parser import UsageError, usage_error
 
 __all__ = ['resolve', 'check_values', 'run_config', 'frame_rank', 'devices', 'option_list']
@@ -21,7 +21,7 @@ MIN_SIZE = {'moving-bars': 4, 'delayed-bars': 4, 'digits': 8}
 
 def frame_rank(values: dict) -> int:
     """Number of spatial axes of the task's frames (which convolutions the model uses)."""
-    if values['task'] == 'shd':
+    if values['task'] in ('shd', *LONG_MEMORY):
         return 1
     if values['task'] != 'events':
         return 2

@@ -56,7 +56,8 @@ def test_the_old_tables_are_views_of_the_records():
         'task', 'algorithm', 'epochs', 'batch_size', 'seed', 'lr', 'samples', 'size', 'steps',
         'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay', 'update_every',
         'loss', 'final_steps', 'target_rates', 'rate_target', 'rate_strength', 'nonfinite',
-        'data', 'sensor_size', 'window_us', 'stream', 'window', 'delay', 'cues', 'clip_norm'}
+        'data', 'sensor_size', 'window_us', 'stream', 'window', 'delay', 'cues', 'clip_norm',
+        'tau_adapt'}
 
 
 def test_library_names_of_option_values_are_spelled_as_the_options():
@@ -90,7 +91,8 @@ def resolved(*argv):
 def test_a_run_stores_the_options_that_define_it():
     stored = stored_options(resolved('--samples', '48'))
     assert set(stored) == set(options.RUN_OPTIONS) - {
-        'target_rates', 'rate_target', 'rate_strength', 'window', 'delay', 'cues', 'clip_norm'}
+        'target_rates', 'rate_target', 'rate_strength', 'window', 'delay', 'cues', 'clip_norm',
+        'tau_adapt'}
     assert stored['channels'] == [8, 16] and stored['final_steps'] == 1
     assert 'devices' not in stored and 'out' not in stored and 'log_every' not in stored
     effective = stored_options(resolved('--loss', 'count-mse', '--rate-target', '0.1'))
