@@ -160,17 +160,24 @@ def _resume(run, usage: str) -> bool:
         raise UsageError(f'--resume: {error}', usage) from None
     differences = checkpoint.config_differences(stored, stored_options(vars(run),
                                                                        STREAM_OPTIONS))
+    differences.pop('max_steps', None)     # a run plays until it has played --max-steps
     if differences:
         raise UsageError(f'--resume: the run in {run.out} was trained with other options: '
                          f'{option_list(differences)}; give the same options, or another '
                          f'--out', usage)
     saved = meta.get('stream')
-    if not isinstance(saved, dict):
+    if not isinstance(saved, dict) or not isinstance(saved.get('steps'), int):
         raise UsageError(f'--resume: {path} is not a checkpoint of a stream run', usage)
-    if saved.get('finished'):
-        print(f'the run in {run.out} is already finished ({saved.get("steps"):,} steps); '
-              f'nothing to do')
+    steps, more = saved['steps'], run.max_steps is None or run.max_steps > saved['steps']
+    if saved.get('finished') and (saved.get('ended') or not more):
+        print(f'the run in {run.out} is already finished ({steps:,} steps); nothing to do'
+              + ('' if saved.get('ended') else '; a larger --max-steps extends it'))
         return False
+    if stored.get('max_steps') != run.max_steps:
+        print(f'the run in {run.out} continues to '
+              + ('the end of its recordings' if run.max_steps is None else
+                 f'{run.max_steps:,} steps') + f' (it was given {stored.get("max_steps")}; '
+              f'the learning-rate schedule is stretched from here on)')
     return True
 
 

@@ -339,10 +339,12 @@ def _row(trainer, run: StreamRun, clock: dict) -> dict:
     return row
 
 
-def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments, out_dir, log, bar, show):
+def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments, out_dir, log, bar,
+          show):
     """Play the stream from its position until it ends or ``max_steps`` are played, counting
     steps on the progress ``bar``; ``show(evaluation record, steps per s, events per s)``
-    after each evaluation."""
+    after each evaluation. Segments still open when ``max_steps`` stops the run stay open
+    (a longer run continues them); those open when the stream ends are decided."""
     predictor = BPTT(trainer.model, check_finite=trainer.learner.check_finite)
     pipeline = _Pipeline(trainer, run, log, bar, args.log_every)
     since = dict(time=time.perf_counter(), steps=run.steps, events=run.events)
@@ -357,7 +359,9 @@ def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments, out_di
         since.update(time=time.perf_counter(), steps=run.steps, events=run.events)
         return best
 
-    chunks, steps, evaluated_at = run.chunks, run.steps, None
+    chunks, steps = run.chunks, run.steps
+    evaluated_at = run.evaluations[-1]['chunk'] if run.evaluations else None
+    run.ended = True                    # unless max_steps stops the loop
     for xs, (labels, weights) in stream:
         pipeline.send(xs, labels, weights, stream.last_segments, stream.position())
         chunks, steps = chunks + 1, steps + len(xs)
@@ -374,9 +378,11 @@ def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments, out_di
         if out_dir is not None and (evaluating or saving):
             _write(trainer, run, out_dir, best, log)
         if done:
+            run.ended = False
             break
     pipeline.flush()
-    run.metrics.finish()
+    if run.ended:
+        run.metrics.finish()
     best = eval_stream is not None and evaluated_at != run.chunks and evaluate()
     run.finished = True
     if out_dir is not None:
@@ -453,7 +459,7 @@ def fit_stream(trainer, stream, *, eval_stream=None, eval_every: Optional[int] =
                            log_every=log_every, settle_steps=settle_steps, out_dir=out_dir,
                            resume=resume, overwrite=overwrite, run_config=run_config)
     fit_config = dict(eval_stream=stream_config(eval_stream), eval_every=args.eval_every,
-                      max_steps=args.max_steps, settle_steps=args.settle_steps)
+                      settle_steps=args.settle_steps)
     with contextlib.ExitStack() as stack:
         run, log = None, None
         if out_dir is not None:
@@ -463,8 +469,11 @@ def fit_stream(trainer, stream, *, eval_stream=None, eval_every: Optional[int] =
                 run_dir.create(out_dir, overwrite=True)
             if resume:
                 run = restore(trainer, out_dir / run_dir.LAST_CHECKPOINT,
-                               dict(trainer=trainer.config(), run=args.run_config,
-                                    fit=fit_config), stream, eval_stream)
+                              dict(trainer=trainer.config(), run=args.run_config,
+                                   fit=fit_config), stream, eval_stream)
+                if run.finished and not run.ended and (args.max_steps is None
+                                                       or args.max_steps > run.steps):
+                    run.finished = False        # a larger max_steps extends the run
         if run is None:
             stream.seek(None)
             trainer.learner.reset(stream.batch_size)

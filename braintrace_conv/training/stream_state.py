@@ -11,7 +11,8 @@ settings) and
   (:meth:`~braintrace_conv.data.EventStream.position`), the chunks, steps and events
   played, the metrics' aggregates
   (:meth:`~braintrace_conv.training.stream_metrics.StreamMetrics.state`), the
-  evaluations, the best one, and whether the run is finished.
+  evaluations, the best one, whether the run stopped (``finished``) and whether its
+  stream ended (``ended``: a run stopped by ``max_steps`` may be extended).
 
 :func:`restore` checks all of it, the streams' arguments included, before the trainer
 or its learner change.
@@ -43,14 +44,15 @@ class StreamRun:
     evaluations: list = dataclasses.field(default_factory=list)
     best: Optional[dict] = None     # step and test_accuracy of the best evaluation
     row: dict = dataclasses.field(default_factory=lambda: dataclasses.asdict(MetricTotals()))
-    finished: bool = False
+    finished: bool = False          # it stopped: the stream ended, or max_steps were played
+    ended: bool = False             # the stream ended (nothing more to play)
 
     def state(self) -> dict:
         """JSON-able (the key ``stream`` of a checkpoint's metadata)."""
         return dict(format=_FORMAT, position=self.position, metrics=self.metrics.state(),
                     dt_us=self.dt_us, chunks=self.chunks, steps=self.steps, events=self.events,
                     evaluations=self.evaluations, best=self.best, row=self.row,
-                    finished=self.finished)
+                    finished=self.finished, ended=self.ended)
 
     @property
     def stream_time_s(self) -> float:
@@ -68,7 +70,7 @@ class StreamRun:
             run = cls(saved['position'], StreamMetrics.from_state(saved['metrics']),
                       *(int(saved[k]) for k in ('dt_us', 'chunks', 'steps', 'events')),
                       list(saved['evaluations']), saved['best'], dict(saved['row']),
-                      bool(saved['finished']))
+                      bool(saved['finished']), bool(saved['ended']))
             MetricTotals(**run.row)
         except (KeyError, TypeError, ValueError) as err:
             raise checkpoint.CheckpointError(f'{path} has an invalid stream entry: '

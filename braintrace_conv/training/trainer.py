@@ -646,7 +646,10 @@ class Trainer:
             chunks and at the end (:meth:`evaluate_stream`).
           eval_every: Chunks between evaluations; ``None``: at the end only.
           max_steps: Stop after the chunk that reaches this many time steps (per stream);
-            ``None``: when the stream ends.
+            ``None``: when the stream ends. It may differ on ``resume``: a run continues
+            until it has played ``max_steps``, so a larger one extends a run it stopped
+            (which then equals a run given the larger one from the start when the earlier
+            stop fell on an evaluation, and the optimiser is the same).
           settle_steps: Steps at the start of each segment that do not vote for its
             prediction (:mod:`~braintrace_conv.training.stream_metrics`).
           out_dir: Run directory: checkpoints, ``metrics.json``, ``scalars.csv`` and the
@@ -654,8 +657,8 @@ class Trainer:
             ``resume`` or ``overwrite``.
           resume: Continue the run in ``out_dir`` from its last checkpoint, bit for bit as
             if it had not stopped; the trainer's settings, ``run_config``, the streams'
-            arguments and files (names and sizes), ``eval_every``, ``max_steps`` and
-            ``settle_steps`` must be those of the run.
+            arguments and files (names and sizes), ``eval_every`` and ``settle_steps`` must
+            be those of the run.
           overwrite: Replace the run in ``out_dir``.
           run_config: JSON-able description of the run, stored and compared on resume.
           checkpoint_every: Chunks between checkpoints (also written after every

@@ -98,6 +98,23 @@ def test_an_interrupted_run_resumes_bit_for_bit(recordings, tmp_path):
     assert rows(tmp_path / 'a') == rows(tmp_path / 'b') and len(rows(tmp_path / 'a')) == 5
 
 
+def test_a_larger_max_steps_extends_a_run_as_if_it_had_run_straight_on(recordings, tmp_path):
+    straight = trainer().fit_stream(stream(recordings[0]), out_dir=tmp_path / 'a',
+                                    progress=False)
+    stopped = trainer().fit_stream(stream(recordings[0]), max_steps=100,
+                                   out_dir=tmp_path / 'b', progress=False)
+    assert stopped['finished'] and stopped['steps'] == 100
+    assert trainer().fit_stream(stream(recordings[0]), max_steps=60, out_dir=tmp_path / 'b',
+                                resume=True, progress=False) == stopped     # played already
+    extended = trainer().fit_stream(stream(recordings[0]), out_dir=tmp_path / 'b',
+                                    resume=True, progress=False)
+    a, meta_a = checkpoint.read(tmp_path / 'a' / LAST_CHECKPOINT)
+    b, meta_b = checkpoint.read(tmp_path / 'b' / LAST_CHECKPOINT)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert meta_a['stream'] == meta_b['stream'] and extended == straight
+
+
 def test_a_finished_run_resumes_to_itself_and_other_settings_are_refused(recordings, tmp_path):
     done = trainer().fit_stream(stream(recordings[0]), out_dir=tmp_path, progress=False)
     again = trainer().fit_stream(stream(recordings[0]), out_dir=tmp_path, resume=True,
