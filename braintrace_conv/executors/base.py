@@ -243,9 +243,15 @@ class Learner(abc.ABC):
         self.reset(saved['batch_size'])
         self._restored = [jnp.asarray(a) for a in saved['leaves']]
 
-    def advance(self, loss_fn: Callable, xs, targets, *, return_outputs: bool = False):
+    def advance(self, loss_fn: Callable, xs, targets, *, return_outputs: bool = False,
+                check_finite: bool | None = None):
         """Run ``T`` more steps, keeping hidden states and traces; return this chunk's
-        ``(loss, grads[, outputs])``. Parameters are read from the model at each call."""
+        ``(loss, grads[, outputs])``. Parameters are read from the model at each call.
+
+        ``check_finite`` overrides the learner's setting for this chunk: the check reads
+        its result back, so it waits for the chunks before it to finish; a caller whose
+        chunks are finite by construction (the event counts of a stream) passes ``False``
+        to keep the next chunk queued while the host prepares it."""
         _, batch = _check_sequences(xs, targets)
         if self._batch is None:
             raise RuntimeError('advance() continues an online run: call reset(batch_size) '
@@ -263,7 +269,7 @@ class Learner(abc.ABC):
             if self._restored is not None:
                 self._carry, self._restored = _restored_carry(self._carry, self._restored), None
         return self._call(step, prepared, loss_fn, *self._carry, xs, targets, return_outputs,
-                          keep=True)
+                          keep=True, check=check_finite)
 
     def predict(self, xs, *, reset: bool = True, observe: Callable | None = None):
         """Forward pass only.
@@ -438,9 +444,10 @@ class Learner(abc.ABC):
         while len(self._checked_losses) > MAX_COMPILED:
             self._checked_losses.popitem(last=False)
 
-    def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs, keep):
+    def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs, keep,
+              check=None):
         self._check_loss(step, loss_fn, targets)
-        if self.check_finite:
+        if self.check_finite if check is None else check:
             _check_finite('xs', xs)
             _check_finite('targets', targets)
         loss, grads, hidden, state, outs = self._jitted(prepared, loss_fn, return_outputs)(

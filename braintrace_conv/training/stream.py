@@ -265,7 +265,9 @@ class _Pipeline:
         """Advance the learner over one chunk and update from it; count the chunk before."""
         trainer = self.trainer
         placed = trainer._parallel.shard((xs, (labels, weights)))
-        loss, grads, outputs = trainer.learner.advance(_step_loss, *placed, return_outputs=True)
+        # event counts, 0/1 weights and class labels are finite by construction
+        loss, grads, outputs = trainer.learner.advance(_step_loss, *placed, return_outputs=True,
+                                                       check_finite=False)
         self.flush()
         update = None
         if weights.any():
