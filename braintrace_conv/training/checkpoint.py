@@ -200,10 +200,13 @@ def _check_meta(meta: dict, path) -> None:
     paths = meta.get('opt_paths', [])
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         raise CheckpointError(f"{path} lacks a valid 'opt_paths' entry in its metadata.")
-    rng = meta.get('rng')     # None: the trainer never shuffled (train_batch, a stream)
-    if rng is not None and not isinstance(rng, dict):
+    # fit draws the shuffling generator before its first epoch; a trainer updated only
+    # through train_batch has none yet
+    rng = meta.get('rng')
+    if (rng is None and epoch > 0) or (rng is not None and not isinstance(rng, dict)):
         raise CheckpointError(f'{path} has invalid generator states: the shuffling '
-                              f'generator is {rng!r}.')
+                              f'generator is {rng!r} after {epoch} epoch(s); a run saves it '
+                              f'from its first epoch on.')
     dtypes = meta.get('dtypes', {})
     if not isinstance(dtypes, dict) or not all(isinstance(v, str) for v in dtypes.values()):
         raise CheckpointError(f"{path} lacks a valid 'dtypes' entry in its metadata.")
