@@ -183,6 +183,7 @@ def recurrent_conv_snn(
     pool: int = 1,
     spike_fn: Optional[Callable] = None,
     return_spikes: bool = False,
+    tau_adapt: Optional[float] = None,
 ) -> RecurrentConvSNN:
     """Build a recurrent spiking conv net for event streams of any rank.
 
@@ -212,6 +213,10 @@ def recurrent_conv_snn(
       return_spikes (bool, default False):
         A step returns ``(scores, {'blocks.i.neuron': spikes})`` instead of the
         scores alone (:meth:`RecurrentConvSNN.update`).
+      tau_adapt (float, optional): Adaptive neurons (:class:`~braintrace_conv.nn.ALIF`,
+        whose threshold rises with every spike and decays back with this time constant,
+        ms) instead of LIF neurons in every block: a memory of seconds, as e-prop's
+        long-memory tasks need (Bellec et al. 2020).
 
     Returns:
       RecurrentConvSNN: Parameters are drawn from ``brainstate.random`` (seed it for
@@ -236,6 +241,9 @@ def recurrent_conv_snn(
         raise ValueError(f'readout must be one of {_READOUTS}, got {readout!r}.')
     lif_kwargs = dict(tau=tau) if spike_fn is None else dict(tau=tau, spike_fn=spike_fn)
     neuron = functools.partial(nn.LIF, **lif_kwargs)
+    if tau_adapt is not None:
+        neuron = functools.partial(nn.ALIF, tau_a=positive('tau_adapt', tau_adapt, float),
+                                   **lif_kwargs)
 
     blocks, pools, size = [], [], in_shape
     for i, c in enumerate(channels):

@@ -47,6 +47,8 @@ apimodule_order = [
     'braintrace_conv.extend',
     'braintrace_conv.training',
     'braintrace_conv.training.loss',
+    'braintrace_conv.training.stream',
+    'braintrace_conv.training.stream_metrics',
     'braintrace_conv.nn',
     'braintrace_conv.nn.neurons',
     'braintrace_conv.nn.surrogate',
@@ -58,6 +60,7 @@ apimodule_order = [
     'braintrace_conv.sharding',
     'braintrace_conv.cli',
     'braintrace_conv.cli.options',
+    'braintrace_conv.cli.stream',
     'braintrace_conv.nir',
     'braintrace_conv.nir.modules',
 ]

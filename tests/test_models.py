@@ -68,3 +68,15 @@ def test_model_rejects_wrong_input_shape_and_arguments():
     with pytest.raises(ValueError, match=r'pool=3 is larger than the output of block 1, of shape '
                                          r'\(C, \*spatial\) = \(4, 1\)'):
         recurrent_conv_snn((1, 6), 8, channels=(2, 4), pool=3)
+    with pytest.raises(ValueError, match='tau_adapt must be a positive number, got 0.0'):
+        recurrent_conv_snn((2, 8, 8), 8, tau_adapt=0.0)
+
+
+def test_adaptive_neurons_are_traced_exactly_within_their_layer():
+    brainstate.random.seed(0)
+    model = recurrent_conv_snn((40, 1), 2, channels=(4, 4), kernel_size=1, tau_adapt=500.0)
+    assert all(isinstance(b.neuron, bc.nn.ALIF) for b in model.blocks)
+    learner = bc.D_RTRL(model)
+    learner.predict(np.ones((3, 2, 40, 1), np.float32))
+    methods = {r['parameter']: r['method'] for r in learner.report().rows}
+    assert methods['blocks.0.ff.weight'].startswith('exact within its layer')

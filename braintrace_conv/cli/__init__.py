@@ -29,6 +29,12 @@ behind (best checkpoint, ``metrics.json`` and the summary a finished run adds
 to it, learning curve, temporary files);
 a directory another process is training in is refused with that process's pid.
 
+``braintrace-conv stream --recordings FILE ... --sensor-size W,H,P`` learns online from
+long recordings played as one stream (:mod:`braintrace_conv.cli.stream`): one update
+every ``--update-every`` steps, hidden states and traces carried across chunks, segments
+and recordings, online and held-out accuracy per labelled segment, and a run directory
+that ``--resume`` continues exactly where the run stopped.
+
 ``braintrace-conv evaluate --run DIR`` rebuilds the data and model of a saved
 run from its stored options, loads its best (or ``--checkpoint last``)
 parameters and reports the test loss, accuracy and spike rates. Test data
@@ -54,6 +60,7 @@ from typing import Optional, Sequence
 from .evaluate import evaluate
 from .options import DEFAULT_CACHE_SIZE, MODEL_DEFAULTS, RUN_OPTIONS, SHD_CHANNELS, TASK_DEFAULTS
 from .parser import PROG, Interrupted, UsageError, build_parser
+from .stream import stream
 from .train import train
 
 __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS',
@@ -74,6 +81,8 @@ def _run(argv: Optional[Sequence[str]], start: float) -> int:
     args = build_parser().parse_args(argv)
     if args.command == 'train':
         return train(args, args.usage, start)
+    if args.command == 'stream':
+        return stream(args, args.usage, start)
     return evaluate(args, args.usage)
 
 

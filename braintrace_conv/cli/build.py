@@ -6,16 +6,17 @@ import math
 from typing import Optional
 
 import brainstate
+import numpy as np
 import optax
 
 from .. import BPTT, D_RTRL, ES_D_RTRL
 from .._npy_files import available_memory
 from .._validation import ArgumentError
-from ..data import (delayed_bars, digits_saccades, moving_bars, stream_directory,
-                    synthetic_shd)
+from ..data import (EventDataset, cue_accumulation, delayed_bars, delayed_match_to_sample,
+                    digits_saccades, moving_bars, stream_directory, synthetic_shd)
 from ..models import recurrent_conv_snn
 from ..training import Trainer
-from .options import SHD_CHANNELS
+from .options import LONG_MEMORY, SHD_CHANNELS
 from .parser import UsageError, usage_error
 
 
@@ -69,6 +70,8 @@ def _dataset(run, usage: str):
         _check_memory(len(data), run.steps, data.frame_shape, 'lower --steps or pass --stream',
                       usage)
         return data.to_memory()
+    if run.task in LONG_MEMORY:
+        return _long_memory(run, usage)
     if run.task == 'shd':
         _check_memory(run.samples, run.steps, (1, SHD_CHANNELS), 'lower --samples or --steps',
                       usage)
@@ -84,6 +87,16 @@ def _dataset(run, usage: str):
                             delay_steps=run.delay, cues=run.cues, size=size, seed=run.seed)
     return digits_saccades(n_samples=run.samples, T=run.steps, size=size,
                            digit_size=min(12, run.size), seed=run.seed)
+
+
+def _long_memory(run, usage: str) -> EventDataset:
+    """Cue accumulation or delayed match-to-sample at their published timings, the 40
+    input channels as channels of one position (so every block is a dense layer)."""
+    make = cue_accumulation if run.task == 'cue-accumulation' else delayed_match_to_sample
+    _check_memory(run.samples, run.steps, (40, 1), 'lower --samples', usage)
+    data = make(run.samples, seed=run.seed)
+    return EventDataset(np.swapaxes(data.events, 2, 3), data.labels, data.num_classes,
+                        name=data.name, class_names=data.class_names)
 
 
 def _learner(run, model):
@@ -104,17 +117,22 @@ def _learner(run, model):
 
 
 def _optimizer(run, train_samples: int):
-    """Adam with a cosine decay of ``--lr`` to 10% of it over the run's updates, after
-    clipping the gradient to ``--clip-norm``."""
+    """:func:`optimizer` over the run's updates."""
     # at least one update, so the schedule is defined: fit refuses a batch larger than the
     # training set itself
     updates = max(1, run.epochs * (train_samples // run.batch_size))
     if run.update_every is not None:
         updates *= math.ceil(run.steps / run.update_every)
-    optimizer = optax.adam(optax.cosine_decay_schedule(run.lr, updates, alpha=0.1))
+    return optimizer(run, updates)
+
+
+def optimizer(run, updates: int):
+    """Adam with a cosine decay of ``--lr`` to 10% of it over ``updates`` updates, after
+    clipping the gradient to ``--clip-norm``."""
+    adam = optax.adam(optax.cosine_decay_schedule(run.lr, updates, alpha=0.1))
     if run.clip_norm:
-        optimizer = optax.chain(optax.clip_by_global_norm(run.clip_norm), optimizer)
-    return optimizer
+        return optax.chain(optax.clip_by_global_norm(run.clip_norm), adam)
+    return adam
 
 
 def setup(run, usage: str, *, train: bool = True) -> tuple:
@@ -128,7 +146,8 @@ def setup(run, usage: str, *, train: bool = True) -> tuple:
         brainstate.random.seed(run.seed)
         model = recurrent_conv_snn(data.frame_shape, data.num_classes, channels=run.channels,
                                    kernel_size=run.kernel_size, pool=run.pool, tau=run.tau,
-                                   return_spikes=bool(run.rate_target))
+                                   return_spikes=bool(run.rate_target),
+                                   tau_adapt=run.tau_adapt)
         trainer = Trainer(_learner(run, model),
                           _optimizer(run, len(train_set)) if train else None,
                           loss=run.loss.replace('-', '_'), final_steps=run.final_steps,

@@ -5,9 +5,9 @@ every task, per task, or per frame rank), the checks the command line needs befo
 uses the value, what the option depends on (:class:`Requires`), whether it is stored
 with a run and compared on ``--resume``, the names the library gives its value (so a
 library error names the option), and its help. The parser, the checks, ``--help`` and
-the run options stored with a run are all derived from :data:`TRAIN_OPTIONS` and
-:data:`EVALUATE_OPTIONS`; adding an option means adding a record here and the code that
-uses its value.
+the run options stored with a run are all derived from :data:`TRAIN_OPTIONS`,
+:data:`EVALUATE_OPTIONS` and :data:`STREAM_OPTIONS`; adding an option means adding a record
+here and the code that uses its value.
 
 Rules the library checks itself (a positive ``--tau``, a ``--decay`` in (0, 1], a
 ``--window`` no longer than ``--update-every``, ...) are not repeated here: the library's
@@ -20,16 +20,17 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from .._validation import ArgumentError, integer, number, positive
+from .._validation import ArgumentError, integer, non_negative, number, positive
 from ..training import NONFINITE, run_dir
 from ..training.loss import DEFAULT_TARGET_RATES, LOSSES
 
-__all__ = ['Option', 'Requires', 'TRAIN_OPTIONS', 'EVALUATE_OPTIONS', 'TASKS', 'ALGORITHMS',
-           'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS', 'SHD_CHANNELS', 'DEFAULT_CACHE_SIZE',
-           'MAX_SEED', 'flag', 'spell', 'given', 'stored_options']
+__all__ = ['Option', 'Requires', 'TRAIN_OPTIONS', 'EVALUATE_OPTIONS', 'STREAM_OPTIONS', 'TASKS',
+           'LONG_MEMORY', 'ALGORITHMS', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIONS', 'SHD_CHANNELS',
+           'DEFAULT_CACHE_SIZE', 'MAX_SEED', 'flag', 'spell', 'given', 'stored_options']
 
 #: Tasks: synthetic data sets (nothing is downloaded) and directories of recorded events.
-TASKS = ('moving-bars', 'delayed-bars', 'digits', 'shd', 'events')
+TASKS = ('moving-bars', 'delayed-bars', 'digits', 'shd', 'events', 'cue-accumulation',
+         'delayed-match')
 ALGORITHMS = ('es-d-rtrl', 'd-rtrl', 'bptt')
 #: Channels of the SHD-like task (those of the Spiking Heidelberg Digits).
 SHD_CHANNELS = 700
@@ -38,6 +39,9 @@ DEFAULT_CACHE_SIZE = 256
 #: Largest --seed (the generators take 64-bit seeds).
 MAX_SEED = 2**63 - 1
 _BARS_AND_DIGITS = ('moving-bars', 'delayed-bars', 'digits')
+#: The long-memory tasks: published timings, 40 input channels, the answer read out at the end.
+LONG_MEMORY = ('cue-accumulation', 'delayed-match')
+_CUE, _DMS = LONG_MEMORY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +213,7 @@ TRAIN_OPTIONS = (
            help='how gradients are computed (default {default})'),
     Option('epochs', type=int, check=positive,
            task_defaults={'moving-bars': 6, 'delayed-bars': 24, 'digits': 6, 'shd': 8,
-                          'events': 6},
+                          'events': 6, _CUE: 30, _DMS: 30},
            help='training epochs (task default)'),
     Option('batch_size', type=int, default=32, check=positive,
            help='sequences per optimiser update (default {default})'),
@@ -222,21 +226,25 @@ TRAIN_OPTIONS = (
            help='peak Adam learning rate (cosine decay to 10%% of it; default {default:g}, task '
                 'default if set)'),
     Option('clip_norm', type=float, metavar='C', stored='when given',
-           task_defaults={'delayed-bars': 1.0}, check=_non_negative_number,
+           task_defaults={'delayed-bars': 1.0, _CUE: 1.0, _DMS: 1.0},
+           check=_non_negative_number,
            help='scale every gradient down to global norm at most C before Adam (default: no '
-                'clipping; 1 for delayed-bars; 0: none)'),
+                'clipping; 1 for delayed-bars and the long-memory tasks; 0: none)'),
     Option('samples', type=int, aliases=('n_samples',),
-           task_defaults={'moving-bars': 2048, 'delayed-bars': 768, 'digits': 1797, 'shd': 1000},
-           requires=(Requires('task', (*_BARS_AND_DIGITS, 'shd'), word='to'),),
-           help='dataset size, train + test (moving-bars, delayed-bars, digits, shd; task '
-                'default)'),
+           task_defaults={'moving-bars': 2048, 'delayed-bars': 768, 'digits': 1797, 'shd': 1000,
+                          _CUE: 512, _DMS: 512},
+           requires=(Requires('task', (*_BARS_AND_DIGITS, 'shd', *LONG_MEMORY), word='to'),),
+           help='dataset size, train + test (every task but events; task default)'),
     Option('size', type=int, task_defaults={'moving-bars': 16, 'delayed-bars': 8, 'digits': 16},
            requires=(Requires('task', _BARS_AND_DIGITS, word='to'),),
            help='frame height = width in pixels (moving-bars, delayed-bars, digits; task '
                 'default)'),
     Option('steps', type=int, aliases=('T', 'num_steps', 'n_time_bins'),
            task_defaults={'moving-bars': 20, 'delayed-bars': 128, 'digits': 24, 'shd': 50,
-                          'events': 20},
+                          'events': 20, _CUE: 2250, _DMS: 3200},
+           requires=(Requires('task', tuple(t for t in TASKS if t not in LONG_MEMORY),
+                              word='to', note='the long-memory tasks have their published '
+                                              'lengths: 2250 and 3200 steps'),),
            help='time steps T per sample (task default)'),
     Option('delay', type=int, metavar='STEPS', stored='when given', aliases=('delay_steps',),
            task_defaults={'delayed-bars': 24},
@@ -250,15 +258,26 @@ TRAIN_OPTIONS = (
                 "last bar's direction, the others are distractors (task default)"),
     Option('test_fraction', type=float, default=0.25,
            help='fraction of each class held out for testing (default {default})'),
-    Option('channels', type=channels, default=(8, 16),
-           help='channels of the spiking blocks, e.g. 8,16'),
+    Option('channels', type=channels, default=(8, 16), task_defaults={_CUE: (64, 64),
+                                                                       _DMS: (64, 64)},
+           help='channels of the spiking blocks, e.g. 8,16 (default 8,16; 64,64 for the '
+                'long-memory tasks, whose 40 input channels at one position make every '
+                'block a dense layer)'),
     Option('kernel_size', type=int, metavar='SIZE', rank_defaults={1: 7, 2: 3, 3: 3},
-           help='kernel extent along every spatial axis (default by frame rank)'),
+           task_defaults={_CUE: 1, _DMS: 1},
+           help='kernel extent along every spatial axis (default by frame rank; 1 for the '
+                'long-memory tasks)'),
     Option('pool', type=int, metavar='P', rank_defaults={1: 4, 2: 1, 3: 1},
+           task_defaults={_CUE: 1, _DMS: 1},
            help='average the spikes of each block over windows of this many positions per '
-                'axis; 1: none (default by frame rank)'),
-    Option('tau', type=float, default=10.0, task_defaults={'delayed-bars': 5.0},
+                'axis; 1: none (default by frame rank; 1 for the long-memory tasks)'),
+    Option('tau', type=float, default=10.0,
+           task_defaults={'delayed-bars': 5.0, _CUE: 20.0, _DMS: 20.0},
            help='membrane time constant, ms (default {default:g}, task default if set)'),
+    Option('tau_adapt', type=float, metavar='MS', stored='when given',
+           task_defaults={_CUE: 2000.0, _DMS: 2000.0}, check=_positive_number,
+           help='adaptive neurons (ALIF) whose threshold recovers with this time constant, '
+                'ms, instead of LIF neurons (default: LIF; 2000 for the long-memory tasks)'),
     Option('decay', type=float,
            requires=(Requires('algorithm', ('es-d-rtrl',), word='to'),),
            help='ES-D-RTRL trace decay (default exp(-dt/tau), dt = 1 ms)'),
@@ -271,13 +290,15 @@ TRAIN_OPTIONS = (
            help='d-rtrl / es-d-rtrl: exact BPTT inside windows of STEPS steps, eligibility '
                 'traces across them (memory grows with STEPS, not T; default: traces only)'),
     Option('loss', choices=_LOSS_CHOICES, default='every-step',
-           task_defaults={'delayed-bars': 'final'},
+           task_defaults={'delayed-bars': 'final', _CUE: 'final', _DMS: 'final'},
            help='cross-entropy at every step (default, unless the task sets it) or the final '
                 'steps; or a loss of the whole sequence (not with --update-every): '
                 'cross-entropy or MSE of spike counts, cross-entropy of the maximum or mean '
                 'over time of the readout (braintrace_conv.training.loss)'),
-    Option('final_steps', type=int, default=1, requires=(Requires('loss', ('final',)),),
-           help='with --loss final: number of last steps in the loss (default {default})'),
+    Option('final_steps', type=int, default=1, task_defaults={_CUE: 150, _DMS: 900},
+           requires=(Requires('loss', ('final',)),),
+           help='with --loss final: number of last steps in the loss (default {default}; the '
+                'read-out period of the long-memory tasks: 150 and 900)'),
     Option('target_rates', type=float, nargs=2, metavar=('TRUE', 'OTHER'),
            default=DEFAULT_TARGET_RATES, stored='when effective',
            requires=(Requires('loss', ('count-mse',)),),
@@ -323,12 +344,74 @@ EVALUATE_OPTIONS = (
 )
 
 
+def _shared(*names: str) -> tuple:
+    """The records of ``train`` that ``stream`` takes as they are."""
+    records = {option.name: option for option in TRAIN_OPTIONS}
+    return tuple(records[name] for name in names)
+
+
+_HELD_OUT = Requires('held_out')
+
+#: The options of ``braintrace-conv stream``, in the order of ``--help``.
+STREAM_OPTIONS = (
+    Option('recordings', type=path, nargs='+', metavar='FILE', required=True,
+           help='event files of the training stream (.npy, .npz, .aedat4, .raw), played in '
+                'this order, each labelled by the segments file NAME_labels.csv beside it '
+                '(DVS Gesture\'s layout) unless --segments names them'),
+    Option('segments', type=path, nargs='+', metavar='CSV',
+           help='segments files of --recordings, one per recording in the same order '
+                '(class,startTime_usec,endTime_usec or label,start_us,end_us)'),
+    Option('held_out', type=path, nargs='+', metavar='FILE',
+           help='held-out event files, evaluated every --eval-every chunks and at the end '
+                '(segments beside them unless --held-out-segments names them)'),
+    Option('held_out_segments', type=path, nargs='+', metavar='CSV', requires=(_HELD_OUT,),
+           help='segments files of --held-out, one per recording in the same order'),
+    Option('sensor_size', type=sensor_size, metavar='W,H,P', required=True,
+           help="the camera's size in tonic's order, e.g. 128,128,2"),
+    Option('dt_us', type=int, metavar='US', default=1000, check=positive,
+           help='time step, microseconds (default {default})'),
+    Option('update_every', type=int, metavar='STEPS', default=100, check=positive,
+           aliases=('chunk_steps',),
+           help='time steps per chunk: one optimiser update per chunk (default {default})'),
+    Option('batch_size', type=int, metavar='B', check=positive,
+           help='parallel streams: the recordings as one playlist played by B streams from '
+                'evenly spaced offsets (default: one stream per recording)'),
+    Option('num_classes', type=int, metavar='K', check=positive,
+           help='number of classes (default: the largest label of the segments, plus one)'),
+    Option('max_steps', type=int, metavar='STEPS', check=positive,
+           help='stop after this many time steps of each stream (default: where the '
+                'recordings end)'),
+    Option('loop', flag=True, default=False, requires=(Requires('max_steps'),),
+           help='play the recordings again and again (with --max-steps)'),
+    Option('eval_every', type=int, metavar='CHUNKS', check=positive, requires=(_HELD_OUT,),
+           help='chunks between evaluations on --held-out (default: at the end only)'),
+    Option('settle_steps', type=int, metavar='STEPS', default=0, check=non_negative,
+           help="steps at the start of each segment that do not vote for the segment's "
+                "prediction (default {default})"),
+    *_shared('algorithm', 'window', 'decay', 'channels', 'kernel_size', 'pool', 'tau', 'lr',
+             'clip_norm', 'seed', 'nonfinite', 'devices'),
+    Option('checkpoint_every', type=int, metavar='CHUNKS', default=100, check=positive,
+           stored='never',
+           help='chunks between checkpoints (also written after every evaluation and at the '
+                'end; default {default})'),
+    Option('log_every', type=int, metavar='CHUNKS', default=10, check=positive, stored='never',
+           help='chunks between rows of scalars.csv (and TensorBoard; default {default})'),
+    Option('out', type=path, stored='never',
+           help='run directory (default runs/stream-<algorithm>)'),
+    Option('resume', flag=True, default=False, stored='never', group='existing',
+           help='continue the run in OUT from its last checkpoint, where it stopped (the run '
+                'options must be those of the run)'),
+    *_shared('overwrite'),
+    Option('quiet', flag=True, default=False, stored='never',
+           help='no progress bar or evaluation lines'),
+)
+
 def _names(options: tuple) -> dict:
     """``{name or alias: option}`` of ``options``."""
     return {key: option for option in options for key in (option.name, *option.aliases)}
 
 
-_BY_NAME = {**_names(EVALUATE_OPTIONS), **_names(TRAIN_OPTIONS)}
+_BY_NAME = {**_names(STREAM_OPTIONS), **_names(EVALUATE_OPTIONS), **_names(TRAIN_OPTIONS)}
 
 
 def spell(name: str) -> Optional[str]:
@@ -338,11 +421,12 @@ def spell(name: str) -> Optional[str]:
     return None if option is None else flag(option.name)
 
 
-def stored_options(values: dict) -> dict:
-    """The run options among resolved ``values`` that are stored with a run and compared
-    on ``--resume`` (lists for tuples, so they compare with what JSON reads back)."""
+def stored_options(values: dict, options: tuple = TRAIN_OPTIONS) -> dict:
+    """The run options among resolved ``values`` (of ``options``, default ``train``'s) that
+    are stored with a run and compared on ``--resume`` (lists for tuples, so they compare
+    with what JSON reads back)."""
     stored = {}
-    for option in TRAIN_OPTIONS:
+    for option in options:
         value = values.get(option.name)
         if option.stored == 'never' or (option.stored == 'when given' and not given(value)):
             continue

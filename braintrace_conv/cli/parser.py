@@ -6,8 +6,8 @@ import argparse
 from importlib import metadata
 
 from .._validation import ArgumentError
-from .options import (EVALUATE_OPTIONS, MODEL_DEFAULTS, TASK_DEFAULTS, TRAIN_OPTIONS, Option,
-                      flag, spell)
+from .options import (EVALUATE_OPTIONS, MODEL_DEFAULTS, STREAM_OPTIONS, TASK_DEFAULTS,
+                      TRAIN_OPTIONS, Option, flag, spell)
 
 PROG = 'braintrace-conv'
 
@@ -15,7 +15,16 @@ _TRAIN = ('Train a recurrent spiking conv net. Tasks: moving-bars (DVS-like), de
           '(--cues trials of a moving bar then --delay blank steps; the last bar\'s direction is '
           'asked for at the last step), digits (digit saccades), shd (SHD-like spoken words, '
           '700 channels, 1-D convolutions), events (a directory DATA/<class>/<sample>.npy|.npz '
-          'of tonic-format events).')
+          'of tonic-format events), and two long-memory tasks at their published timings: '
+          'cue-accumulation (e-prop\'s evidence accumulation, 2250 steps, which side showed '
+          'more cues 1050 steps earlier) and delayed-match (delayed match-to-sample, 3200 '
+          'steps, a delay of 1000 steps between the sample and the test).')
+_STREAM = ('Learn online from long recordings that are never cut into samples: the event '
+           'files are played as a stream, binned into steps of --dt-us, labelled by time '
+           'segments (DVS Gesture\'s layout), with one update every --update-every steps; '
+           'hidden states and traces carry across chunks, segments and recordings. Reports '
+           'the online and held-out accuracy per segment; --resume continues a stopped run '
+           'exactly where it stopped.')
 _EVALUATE = ('Rebuild the test set and model of a run written by "train", load its parameters '
              'and report test loss, accuracy and spike rates.')
 
@@ -87,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         help='train a recurrent spiking conv net on a synthetic or recorded event dataset')
     _add(train, TRAIN_OPTIONS)
     train.set_defaults(usage=train.format_usage())
+    stream = commands.add_parser(
+        'stream', usage='%(prog)s --recordings FILE [FILE ...] --sensor-size W,H,P [options]  '
+                        '(see --help)', description=_STREAM,
+        help='learn online from long labelled recordings played as a stream')
+    _add(stream, STREAM_OPTIONS)
+    stream.set_defaults(usage=stream.format_usage())
     evaluate = commands.add_parser('evaluate', usage='%(prog)s --run DIR [options]  (see --help)',
                                    help='evaluate a saved run on its test set',
                                    description=_EVALUATE)

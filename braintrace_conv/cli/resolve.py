@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .._validation import ArgumentError
 from ..training import placement
-from .options import TRAIN_OPTIONS, flag, given, stored_options
+from .options import LONG_MEMORY, TRAIN_OPTIONS, flag, given, stored_options
 from .parser import UsageError, usage_error
 
 __all__ = ['resolve', 'check_values', 'run_config', 'frame_rank', 'devices', 'option_list']
@@ -21,7 +21,7 @@ MIN_SIZE = {'moving-bars': 4, 'delayed-bars': 4, 'digits': 8}
 
 def frame_rank(values: dict) -> int:
     """Number of spatial axes of the task's frames (which convolutions the model uses)."""
-    if values['task'] == 'shd':
+    if values['task'] in ('shd', *LONG_MEMORY):
         return 1
     if values['task'] != 'events':
         return 2
@@ -38,10 +38,10 @@ def devices(requested, usage: str) -> int:
         raise usage_error(error, usage) from None
 
 
-def _refuse_without_effect(values: dict, given_names: list, usage: str) -> None:
-    """Refuse every option given without effect: one whose records' requirements
-    (:class:`Requires`) are not met."""
-    for option in TRAIN_OPTIONS:
+def refuse_without_effect(options, values: dict, given_names: list, usage: str) -> None:
+    """Refuse every option of ``options`` (a command's records) given without effect: one
+    whose requirements (:class:`Requires`) are not met."""
+    for option in options:
         if option.name in given_names:
             for requirement in option.requires:
                 if not requirement.met(values):
@@ -105,7 +105,7 @@ def resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
         if values[option.name] is None:
             values[option.name] = option.default_for(values['task'])
     task = values['task']
-    _refuse_without_effect(values, given_names, usage)
+    refuse_without_effect(TRAIN_OPTIONS, values, given_names, usage)
     if task == 'events':
         _events(values, usage)
     for option in TRAIN_OPTIONS:

@@ -98,6 +98,7 @@ class Learner(abc.ABC):
         self._restored = None       # carry leaves from restore_online_state, for the next advance
         self._batch = None          # the batch size hidden states were initialised for
         self._last = None           # (step, prepared) of the last call
+        self._advancing = False     # whether the last gradient came from advance()
         self._checked_losses = collections.OrderedDict()   # bounded like _compiled
 
     # ------------------------------------------------------------------ public API
@@ -122,6 +123,7 @@ class Learner(abc.ABC):
             brainstate.nn.init_all_states(self.model, batch)
             self._batch = batch
         step, prepared = self._capture(xs)
+        self._advancing = False
         hidden = step.hidden_leaves()
         return self._call(step, prepared, loss_fn, hidden, self._take_state_buffers(prepared, hidden),
                           xs, targets, return_outputs, keep=False)
@@ -155,9 +157,15 @@ class Learner(abc.ABC):
         self.reset(saved['batch_size'])
         self._restored = [jnp.asarray(a) for a in saved['leaves']]
 
-    def advance(self, loss_fn: Callable, xs, targets, *, return_outputs: bool = False):
+    def advance(self, loss_fn: Callable, xs, targets, *, return_outputs: bool = False,
+                check_finite: bool | None = None):
         """Run ``T`` more steps, keeping hidden states and traces; return this chunk's
-        ``(loss, grads[, outputs])``. Parameters are read from the model at each call."""
+        ``(loss, grads[, outputs])``. Parameters are read from the model at each call.
+
+        ``check_finite`` overrides the learner's setting for this chunk: the check reads
+        its result back, so it waits for the chunks before it to finish; a caller whose
+        chunks are finite by construction (the event counts of a stream) passes ``False``
+        to keep the next chunk queued while the host prepares it."""
         _, batch = check_sequences(xs, targets)
         if self._batch is None:
             raise RuntimeError('advance() continues an online run: call reset(batch_size) '
@@ -168,13 +176,14 @@ class Learner(abc.ABC):
                              f'a new run with this batch size.')
         xs = self._inputs(xs)
         step, prepared = self._capture(xs)
+        self._advancing = True
         if self._carry is None:
             hidden = step.hidden_leaves()
             self._carry = (hidden, self._fresh_state(prepared, hidden))
             if self._restored is not None:
                 self._carry, self._restored = _restored_carry(self._carry, self._restored), None
         return self._call(step, prepared, loss_fn, *self._carry, xs, targets, return_outputs,
-                          keep=True)
+                          keep=True, check=check_finite)
 
     def predict(self, xs, *, reset: bool = True, observe: Callable | None = None):
         """Forward pass only.
@@ -361,9 +370,10 @@ class Learner(abc.ABC):
         while len(self._checked_losses) > MAX_COMPILED:
             self._checked_losses.popitem(last=False)
 
-    def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs, keep):
+    def _call(self, step, prepared, loss_fn, hidden, state, xs, targets, return_outputs, keep,
+              check=None):
         self._check_loss(step, loss_fn, targets)
-        if self.check_finite:
+        if self.check_finite if check is None else check:
             check_finite('xs', xs)
             check_finite('targets', targets)
         loss, grads, hidden, state, outs = self._jitted(prepared, loss_fn, return_outputs)(

@@ -2,8 +2,10 @@
 
 Same interface as the online executors. Memory grows linearly with the
 sequence length (the scan stores every step's residuals). With
-:meth:`~braintrace_conv.executors.Learner.advance` it is truncated BPTT:
-gradients do not flow across chunk boundaries.
+:meth:`~braintrace_conv.executors.Learner.advance` (a stream) it is truncated BPTT:
+the hidden state carries across chunks, gradients do not flow across chunk
+boundaries -- the baseline the literature compares online rules with; its
+:meth:`~braintrace_conv.executors.Learner.report` then says so.
 """
 from __future__ import annotations
 
@@ -33,4 +35,4 @@ class BPTT(Learner):
         return loss, grads, hidden, state, outs
 
     def _report(self, step, prepared) -> Report:
-        return Report(self.algorithm, bptt_rows(step))
+        return Report(self.algorithm, bptt_rows(step, truncated=self._advancing))

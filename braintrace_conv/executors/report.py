@@ -27,6 +27,10 @@ MIXING_PARAM = ('approximate (instantaneous only: reaches hidden states through 
 UNUSED = 'unused (the loss does not depend on it)'
 #: Every parameter under BPTT.
 BPTT_METHOD = 'exact (BPTT; memory grows with T)'
+#: Every parameter under BPTT driven by ``advance()``: the state carries across calls, the
+#: gradient does not.
+TRUNCATED_BPTT_METHOD = ('truncated BPTT (exact within each advance() chunk; the state '
+                         'carries across chunks, the gradient is cut at their boundaries)')
 #: D-RTRL's position-resolved trace of an op's operand.
 DRTRL_TRACE = 'exact trace (D-RTRL)'
 #: ES-D-RTRL's operands whose weight gradient does not involve the op's input (a bias).
@@ -59,6 +63,8 @@ class Report:
       synapses onto its own layer), and those paths through time are cut;
     * ``approximate trace`` — ES-D-RTRL's factorised kernel trace (exact only
       on a linear leaky layer whose decay equals the one shown);
+    * ``truncated BPTT`` — BPTT driven by ``advance()`` (a stream): exact within each
+      chunk, the gradient cut at chunk boundaries although the state carries across them;
     * ``exact (instantaneous ...)`` — the parameter acts within one step only;
     * ``approximate (instantaneous only ...)`` — only the within-step
       gradient is computed;
@@ -111,10 +117,12 @@ def _step_into(value, entry):
 
 
 # ----------------------------------------------------------------------------- rows
-def bptt_rows(step) -> list:
-    """One row per parameter leaf of a captured step, for BPTT."""
+def bptt_rows(step, truncated: bool = False) -> list:
+    """One row per parameter leaf of a captured step, for BPTT (``truncated``: driven by
+    ``advance()``)."""
+    method = TRUNCATED_BPTT_METHOD if truncated else BPTT_METHOD
     return [dict(parameter=name, path=path, shape=tuple(np.shape(v)), trace_bytes=0,
-                 method=BPTT_METHOD)
+                 method=method)
             for name, path, v in zip(step.param_names, step.param_paths, step.param_leaves())]
 
 

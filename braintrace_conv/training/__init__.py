@@ -3,6 +3,9 @@
 * :mod:`.trainer`: :class:`Trainer` (per-sequence and truly online updates,
   evaluation, data checks, non-finite guard); its run loop, the run directory it holds
   while it writes a run, and resume are in the private ``_fit`` module;
+* :mod:`.stream`: :meth:`Trainer.fit_stream` and :meth:`Trainer.evaluate_stream`,
+  learning from an endless stream; :mod:`.stream_metrics` its online metrics,
+  :mod:`.stream_state` its checkpoints;
 * :mod:`.loss`: the losses of training and evaluation (per-step cross-entropy,
   spike-count cross-entropy and MSE, membrane maximum or mean over time);
 * :mod:`.spikes`: the spiking layers of a model and their spike rates;

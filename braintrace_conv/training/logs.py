@@ -32,6 +32,9 @@ __all__ = ['SCALAR_COLUMNS', 'ScalarLog', 'write_metrics', 'write_curve', 'run_t
 #: and accuracy, updates skipped so far (non-finite gradients), seconds since the epoch
 #: started.
 SCALAR_COLUMNS = ('step', 'epoch', 'batch', 'loss', 'accuracy', 'skipped_updates', 'time_s')
+# The columns also written as TensorBoard scalars, where a log has them.
+_TENSORBOARD_KEYS = ('loss', 'accuracy', 'step_accuracy', 'segment_accuracy',
+                     'skipped_updates')
 
 
 def _strict(value):
@@ -112,15 +115,19 @@ class ScalarLog:
         the checkpoint's for a resumed one); rows logged after it are dropped.
       tensorboard: Also write TensorBoard events: ``None`` when ``tensorboardX`` is
         installed, ``True`` always (error without it), ``False`` never.
+      columns: The columns of the file; the first counts what ``start_update`` counts
+        (default :data:`SCALAR_COLUMNS`; a stream run's are those of
+        :data:`~braintrace_conv.training.stream.STREAM_COLUMNS`, counted in chunks).
     """
 
     def __init__(self, directory: Union[str, os.PathLike], *, start_update: int,
-                 tensorboard: Optional[bool] = None):
+                 tensorboard: Optional[bool] = None, columns: tuple = SCALAR_COLUMNS):
         self.path = Path(directory) / SCALARS_NAME
+        self.columns = tuple(columns)
         rows = self._rows_until(start_update)
         text = io.StringIO()
         writer = csv.writer(text, lineterminator='\n')
-        writer.writerow(SCALAR_COLUMNS)
+        writer.writerow(self.columns)
         writer.writerows(rows)
         atomic_write(self.path, text.getvalue().encode())
         self._file = open(self.path, 'a', newline='')
@@ -135,24 +142,25 @@ class ScalarLog:
             rows = list(csv.reader(f))[1:]
         kept = []
         for row in rows:    # a run killed mid-write may leave a partial last line
-            if (len(row) == len(SCALAR_COLUMNS) and row[0].isascii() and row[0].isdigit()
+            if (len(row) == len(self.columns) and row[0].isascii() and row[0].isdigit()
                     and int(row[0]) <= update
                     and not any('\ufffd' in cell for cell in row)):
                 kept.append(row)
         return kept
 
     def log(self, update: int, **scalars) -> None:
-        """Append one row: ``update``, the number of updates so far (column ``step``), and
-        the other :data:`SCALAR_COLUMNS`."""
-        row = dict(scalars, step=update)
+        """Append one row: ``update``, the number of updates so far (the first column,
+        ``step``), and the other columns."""
+        row = dict(scalars, **{self.columns[0]: update})
         try:
-            self._csv.writerow([row[c] for c in SCALAR_COLUMNS])
+            self._csv.writerow([row[c] for c in self.columns])
             self._file.flush()
         except OSError as err:      # e.g. a full disk: name the file being written
             raise OSError(err.errno, err.strerror or str(err), str(self.path)) from None
         if self._tb is not None:
-            for key in ('loss', 'accuracy', 'skipped_updates'):
-                self._tb.add_scalar(f'train/{key}', row[key], update)
+            for key in _TENSORBOARD_KEYS:
+                if row.get(key) is not None:
+                    self._tb.add_scalar(f'train/{key}', row[key], update)
 
     def log_epoch(self, update: int, record: dict) -> None:
         """The evaluation of an epoch record (see ``Trainer.fit``) to TensorBoard."""

@@ -127,10 +127,15 @@ def cross_entropy(scores, labels):
 def weighted_cross_entropy(scores, target):
     """One step's loss ``w_t * mean_b CE``, the ``loss_fn`` given to the executors.
 
-    ``scores``: ``(B, K)``; ``target``: ``(labels (B,) int, w_t scalar)``.
+    ``scores``: ``(B, K)``; ``target``: ``(labels (B,) int, w_t)``, the weight a scalar
+    (one per step) or ``(B,)``, one per sequence, as a stream's segments give them
+    (:class:`~braintrace_conv.data.EventStream`): then the loss is
+    ``mean_b w_{t,b} CE(s_{t,b}, y_{t,b})``.
     """
     labels, weight = target
-    return weight * jnp.mean(cross_entropy(scores, labels))
+    if jnp.ndim(weight) == 0:
+        return weight * jnp.mean(cross_entropy(scores, labels))
+    return jnp.mean(weight * cross_entropy(scores, labels))
 
 
 def pooled_scores(scores, step_weights, loss: str = 'every_step'):

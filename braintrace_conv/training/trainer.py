@@ -83,6 +83,7 @@ from ..data import EventDataset, FrameDataset
 from ..executors import Learner
 from ..units import split_unit
 from . import _fit, checkpoint, logs, placement, run_dir, state
+from . import stream as stream_run
 from . import loss as losses
 from .loss import (DEFAULT_TARGET_RATES, LOSSES, SEQUENCE_LOSSES, check_rate_targets,
                    check_target_rates, linearised_step_loss, predicted_labels, rate_penalty,
@@ -390,7 +391,7 @@ class Trainer:
         if grads is None:
             what = ('non-finite loss' if not np.isfinite(float(loss))
                     else 'non-finite derivative of the loss with respect to the outputs')
-            return self._refuse_update(what)
+            return self._refuse_update(what, f'epoch {self.epoch + 1}')
         params, opt_state, ok, finite_grads = self._update(
             grads, self.opt_state, self._view.mantissas(), jnp.asarray(loss))
         if bool(ok):
@@ -398,24 +399,30 @@ class Trainer:
             self.opt_state = opt_state
             self.updates += 1
             return True
+        return self._not_applied(finite_grads, loss, f'epoch {self.epoch + 1}')
+
+    def _not_applied(self, finite_grads, loss, when: str) -> bool:
+        """An update that was not applied, with per-leaf gradient finiteness
+        ``finite_grads``: :meth:`_refuse_update` with what was not finite."""
         bad = [n for n, f in zip(self._view.names, np.asarray(finite_grads)) if not f]
         what = (f'non-finite gradient of {", ".join(bad)}' if bad
                 else 'non-finite loss' if not np.isfinite(float(loss))
                 else 'the update would make parameters non-finite')
-        return self._refuse_update(what)
+        return self._refuse_update(what, when)
 
-    def _refuse_update(self, what: str) -> bool:
-        """An update not applied because of ``what``: raised or skipped (``nonfinite``)."""
+    def _refuse_update(self, what: str, when: str) -> bool:
+        """An update not applied because of ``what``: raised or skipped (``nonfinite``);
+        ``when`` says where in the run it was (``'epoch 3'``). False: not applied."""
         if self.nonfinite == 'raise':
             raise FloatingPointError(
-                f'update {self.updates + 1} (epoch {self.epoch + 1}): {what}; parameters and '
+                f'update {self.updates + 1} ({when}): {what}; parameters and '
                 f'optimiser state are unchanged. Lower the learning rate or check the data '
                 f'(nonfinite="skip" skips such updates).')
         self.updates += 1
         self.skipped_updates += 1
         warnings.warn(f'skipped an optimiser update: {what}; parameters and optimiser state '
                       f'are unchanged (Trainer.skipped_updates counts them).', RuntimeWarning,
-                      stacklevel=3)
+                      stacklevel=4)
         return False
 
     def apply_gradients(self, grads: dict) -> bool:
@@ -655,6 +662,77 @@ class Trainer:
                              out_dir=out_dir, resume=resume, overwrite=overwrite,
                              run_config=run_config, log_every=log_every,
                              verify_data=verify_data)
+
+    # ------------------------------------------------------------------ streams
+    def fit_stream(self, stream, *, eval_stream=None, eval_every: Optional[int] = None,
+                   max_steps: Optional[int] = None, settle_steps: int = 0,
+                   out_dir: Union[str, os.PathLike, None] = None, resume: bool = False,
+                   overwrite: bool = False, run_config: Optional[dict] = None,
+                   checkpoint_every: Optional[int] = None, log_every: int = 10,
+                   tensorboard: Optional[bool] = None, progress: bool = True) -> dict:
+        """Learn online from an endless stream, one update per chunk, never resetting
+        (:mod:`braintrace_conv.training.stream`).
+
+        The learner's hidden states and traces carry across every chunk, segment and
+        recording of ``stream``; with :class:`~braintrace_conv.BPTT` this is truncated
+        BPTT (the gradient is cut at chunk boundaries). Needs ``loss='every_step'``,
+        ``update_every`` ``None`` or the stream's ``chunk_steps``, and an online learner's
+        ``window`` at most ``chunk_steps``.
+
+        Args:
+          stream (EventStream): The training stream, from its start (or, with ``resume``,
+            from the checkpoint's position): frames ``(K, B, *frame_shape)`` and per-step
+            labels and weights ``(K, B)``.
+          eval_stream (EventStream): Held-out recordings, evaluated every ``eval_every``
+            chunks and at the end (:meth:`evaluate_stream`).
+          eval_every: Chunks between evaluations; ``None``: at the end only.
+          max_steps: Stop after the chunk that reaches this many time steps (per stream);
+            ``None``: when the stream ends. It may differ on ``resume``: a run continues
+            until it has played ``max_steps``, so a larger one extends a run it stopped
+            (which then equals a run given the larger one from the start when the earlier
+            stop fell on an evaluation, and the optimiser is the same).
+          settle_steps: Steps at the start of each segment that do not vote for its
+            prediction (:mod:`~braintrace_conv.training.stream_metrics`).
+          out_dir: Run directory: checkpoints, ``metrics.json``, ``scalars.csv`` and the
+            learning curve (module docstring); refused if it holds a run, unless
+            ``resume`` or ``overwrite``.
+          resume: Continue the run in ``out_dir`` from its last checkpoint, bit for bit as
+            if it had not stopped; the trainer's settings, ``run_config``, the streams'
+            arguments and files (names and sizes), ``eval_every`` and ``settle_steps`` must
+            be those of the run.
+          overwrite: Replace the run in ``out_dir``.
+          run_config: JSON-able description of the run, stored and compared on resume.
+          checkpoint_every: Chunks between checkpoints (also written after every
+            evaluation and at the end); ``None``: only then.
+          log_every: Chunks between rows of ``scalars.csv``.
+          tensorboard: TensorBoard events too: ``None`` when ``tensorboardX`` is installed.
+          progress: A progress bar (on a terminal or in a notebook) and a line per
+            evaluation.
+
+        Returns:
+          dict: :func:`~braintrace_conv.training.stream.summary`: counts, ``online``
+          metrics since the start, the last evaluation ``test``, ``best``,
+          ``evaluations`` (one record per evaluation: step, stream time, the online
+          metrics of the period before it and the held-out ones) and ``finished``.
+        """
+        return stream_run.fit_stream(
+            self, stream, eval_stream=eval_stream, eval_every=eval_every, max_steps=max_steps,
+            settle_steps=settle_steps, out_dir=out_dir, resume=resume, overwrite=overwrite,
+            run_config=run_config, checkpoint_every=checkpoint_every, log_every=log_every,
+            tensorboard=tensorboard, progress=progress)
+
+    def evaluate_stream(self, stream, *, settle_steps: int = 0) -> dict:
+        """Loss, step accuracy and segment accuracy of the current parameters on ``stream``
+        (an :class:`~braintrace_conv.data.EventStream`, played from its start with fresh
+        hidden states; :mod:`~braintrace_conv.training.stream_metrics`). The model's hidden
+        states and an online run of the learner are left as they were.
+
+        Returns:
+          dict: ``loss`` (per labelled step), ``step_accuracy``, ``segment_accuracy``
+          (``None`` where nothing was labelled or decided), ``segments``, ``undecided``,
+          ``labelled_steps``, ``steps``.
+        """
+        return stream_run.evaluate_stream(self, stream, settle_steps=settle_steps)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:

@@ -67,3 +67,26 @@ def test_event_directory_trains_the_model_of_its_rank(recordings, tmp_path, sens
     capsys.readouterr()
     assert main(['evaluate', '--run', str(streamed)]) == 0
     assert 'test accuracy 100.0%' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('task, steps, final', [('cue-accumulation', 2250, 150),
+                                                ('delayed-match', 3200, 900)])
+def test_long_memory_tasks_build_a_dense_adaptive_net_at_their_published_timing(task, steps,
+                                                                                final):
+    from braintrace_conv.cli.build import setup
+    from braintrace_conv.cli.parser import build_parser
+    from braintrace_conv.cli.resolve import resolve
+    from braintrace_conv.nn import ALIF
+    args = build_parser().parse_args(['train', '--task', task, '--samples', '8'])
+    run = resolve(args, '')
+    trainer, train_set, test_set = setup(run, '')
+    assert train_set.num_steps == steps and train_set.frame_shape == (40, 1)
+    assert (trainer.loss, trainer.final_steps, run.kernel_size, run.pool) == ('final', final, 1, 1)
+    neurons = [node for node in trainer.model.nodes().values() if isinstance(node, ALIF)]
+    assert len(neurons) == 2 and all(float(n.tau_a) == 2000.0 for n in neurons)
+
+
+def test_the_long_memory_tasks_keep_their_published_length(root, capsys):
+    refused(root, capsys, ['train', '--task', 'cue-accumulation', '--steps', '100'],
+            r'--steps applies only to --task moving-bars or .* \(the long-memory tasks have '
+            r'their published lengths: 2250 and 3200 steps\)')

@@ -8,26 +8,39 @@ import pytest
 
 from braintrace_conv import cli
 from braintrace_conv.cli import options
-from braintrace_conv.cli.options import (EVALUATE_OPTIONS, TRAIN_OPTIONS, Option, Requires, flag,
-                                         given, spell, stored_options)
+from braintrace_conv.cli.options import (EVALUATE_OPTIONS, STREAM_OPTIONS, TRAIN_OPTIONS, Option,
+                                         Requires, flag, given, spell, stored_options)
 
 CLI_SOURCES = sorted(pathlib.Path(cli.__file__).parent.glob('*.py'))
 
 
 def test_each_option_is_defined_in_exactly_one_record():
     sources = '\n'.join(path.read_text() for path in CLI_SOURCES)
-    for table in (TRAIN_OPTIONS, EVALUATE_OPTIONS):
+    tables = (TRAIN_OPTIONS, EVALUATE_OPTIONS, STREAM_OPTIONS)
+    for table in tables:
         names = [option.name for option in table]
         assert len(names) == len(set(names))
-        for name in names:      # a record, and no other table that names the option
-            assert sources.count(f"Option('{name}'") == (2 if name in (
-                'batch_size', 'devices', 'data') else 1), name
+    # a record per meaning (a command may share another's), and no other table naming it
+    records = list({id(option): option for table in tables for option in table}.values())
+    for name in {option.name for option in records}:
+        assert sources.count(f"Option('{name}'") == sum(o.name == name for o in records), name
 
 
-def test_train_help_lists_every_record_and_nothing_else(capsys):
-    assert cli.main(['train', '--help']) == 0
+def test_stream_shares_the_records_whose_meaning_it_shares():
+    train = {option.name: option for option in TRAIN_OPTIONS}
+    stream = {option.name: option for option in STREAM_OPTIONS}
+    assert all(stream[name] is train[name] for name in (
+        'algorithm', 'window', 'decay', 'channels', 'lr', 'seed', 'nonfinite', 'overwrite'))
+    assert stream['update_every'] is not train['update_every']     # a default of its own
+    assert spell('chunk_steps') == '--update-every' and spell('max_steps') == '--max-steps'
+
+
+@pytest.mark.parametrize('command, table', [('train', TRAIN_OPTIONS),
+                                            ('stream', STREAM_OPTIONS)])
+def test_help_lists_every_record_and_nothing_else(capsys, command, table):
+    assert cli.main([command, '--help']) == 0
     listed = set(re.findall(r'^  (--[a-z-]+)', capsys.readouterr().out, re.M)) - {'--help'}
-    assert listed == {flag(option.name) for option in TRAIN_OPTIONS}
+    assert listed == {flag(option.name) for option in table}
 
 
 def test_the_old_tables_are_views_of_the_records():
@@ -44,7 +57,7 @@ def test_the_old_tables_are_views_of_the_records():
         'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay', 'update_every',
         'loss', 'final_steps', 'target_rates', 'rate_target', 'rate_strength', 'nonfinite',
         'data', 'sensor_size', 'window_us', 'stream', 'window', 'delay', 'cues', 'clip_norm',
-        'verify_data'}
+        'verify_data', 'tau_adapt'}
 
 
 def test_library_names_of_option_values_are_spelled_as_the_options():
@@ -78,7 +91,7 @@ def test_a_run_stores_the_options_that_define_it():
     stored = stored_options(resolved('--samples', '48'))
     assert set(stored) == set(options.RUN_OPTIONS) - {
         'target_rates', 'rate_target', 'rate_strength', 'window', 'delay', 'cues', 'clip_norm',
-        'verify_data'}
+        'verify_data', 'tau_adapt'}
     assert stored['channels'] == [8, 16] and stored['final_steps'] == 1
     assert 'devices' not in stored and 'out' not in stored and 'log_every' not in stored
     effective = stored_options(resolved('--loss', 'count-mse', '--rate-target', '0.1'))

@@ -4,12 +4,13 @@ import pytest
 
 from braintrace_conv._validation import ArgumentError, at_most
 from braintrace_conv.cli import build_parser
-from braintrace_conv.cli.options import EVALUATE_OPTIONS, TRAIN_OPTIONS
+from braintrace_conv.cli.options import EVALUATE_OPTIONS, STREAM_OPTIONS, TRAIN_OPTIONS
 from braintrace_conv.cli.parser import UsageError, usage_error
 
 
-@pytest.mark.parametrize('argv, table', [(['train'], TRAIN_OPTIONS),
-                                         (['evaluate', '--run', 'runs/x'], EVALUATE_OPTIONS)])
+@pytest.mark.parametrize('argv, table', [
+    (['train'], TRAIN_OPTIONS), (['evaluate', '--run', 'runs/x'], EVALUATE_OPTIONS),
+    (['stream', '--recordings', 'a.npy', '--sensor-size', '8,8,2'], STREAM_OPTIONS)])
 def test_every_argument_comes_from_its_record(argv, table):
     parsed = vars(build_parser().parse_args(argv))
     assert set(parsed) - {'command', 'usage'} == {option.name for option in table}

@@ -94,6 +94,8 @@ def test_a_nan_input_is_refused_naming_its_time_step(make):
     learner.reset(2)
     with pytest.raises(ValueError, match=r'got nan at t=3.*check_finite=False'):
         learner.advance(xent, xs, ys)
+    loss, _ = learner.advance(xent, xs, ys, check_finite=False)     # this chunk only
+    assert not np.isfinite(loss) and learner.check_finite
 
 
 def test_non_finite_targets_are_refused_and_the_check_can_be_turned_off():

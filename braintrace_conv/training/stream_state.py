@@ -1,0 +1,141 @@
+"""The state of a stream run in a checkpoint, saved and restored.
+
+A checkpoint of :meth:`Trainer.fit_stream <braintrace_conv.training.Trainer.fit_stream>`
+is one of :mod:`~braintrace_conv.training.checkpoint` holding the trainer's state
+(:func:`~braintrace_conv.training.state.snapshot`: parameters, optimiser state, counts,
+settings) and
+
+* ``carry/<i>``: the leaves of the learner's carry
+  (:meth:`~braintrace_conv.executors.Learner.online_state`: hidden states and traces);
+* under the metadata key ``stream`` (:meth:`StreamRun.state`): the stream's position
+  (:meth:`~braintrace_conv.data.EventStream.position`), the chunks, steps and events
+  played, the metrics' aggregates
+  (:meth:`~braintrace_conv.training.stream_metrics.StreamMetrics.state`), the
+  evaluations, the best one, whether the run stopped (``finished``) and whether its
+  stream ended (``ended``: a run stopped by ``max_steps`` may be extended).
+
+:func:`restore` checks all of it, the streams' arguments included, before the trainer
+or its learner change.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+from . import checkpoint, run_dir, state
+from .stream_metrics import MetricTotals, StreamMetrics
+
+__all__ = ['StreamRun', 'snapshot', 'save', 'restore', 'stream_config']
+
+_FORMAT = 'braintrace_conv.stream-run/1'
+
+
+@dataclasses.dataclass
+class StreamRun:
+    """Where a stream run is: what a checkpoint holds besides the trainer's state."""
+
+    position: Optional[dict]        # the stream's, after the last chunk counted
+    metrics: StreamMetrics
+    dt_us: int                      # the stream's step
+    chunks: int = 0
+    steps: int = 0                  # time steps played by each stream
+    events: int = 0                 # events binned, all streams
+    evaluations: list = dataclasses.field(default_factory=list)
+    best: Optional[dict] = None     # step and test_accuracy of the best evaluation
+    row: dict = dataclasses.field(default_factory=lambda: dataclasses.asdict(MetricTotals()))
+    finished: bool = False          # it stopped: the stream ended, or max_steps were played
+    ended: bool = False             # the stream ended (nothing more to play)
+
+    def state(self) -> dict:
+        """JSON-able (the key ``stream`` of a checkpoint's metadata)."""
+        return dict(format=_FORMAT, position=self.position, metrics=self.metrics.state(),
+                    dt_us=self.dt_us, chunks=self.chunks, steps=self.steps, events=self.events,
+                    evaluations=self.evaluations, best=self.best, row=self.row,
+                    finished=self.finished, ended=self.ended)
+
+    @property
+    def stream_time_s(self) -> float:
+        """Seconds of recording each stream has played."""
+        return self.steps * self.dt_us / 1e6
+
+    @classmethod
+    def from_state(cls, saved, path) -> 'StreamRun':
+        """The run :meth:`state` saved in the checkpoint ``path`` (``CheckpointError`` if
+        it is not valid)."""
+        if not isinstance(saved, dict) or saved.get('format') != _FORMAT:
+            raise checkpoint.CheckpointError(f'{path} is not a checkpoint of a stream run '
+                                             f'(no valid {_FORMAT!r} entry in its metadata).')
+        try:
+            run = cls(saved['position'], StreamMetrics.from_state(saved['metrics']),
+                      *(int(saved[k]) for k in ('dt_us', 'chunks', 'steps', 'events')),
+                      list(saved['evaluations']), saved['best'], dict(saved['row']),
+                      bool(saved['finished']), bool(saved['ended']))
+            MetricTotals(**run.row)
+        except (KeyError, TypeError, ValueError) as err:
+            raise checkpoint.CheckpointError(f'{path} has an invalid stream entry: '
+                                             f'{err}') from None
+        return run
+
+
+def snapshot(trainer, run: StreamRun) -> tuple:
+    """``(arrays, metadata)`` of a checkpoint of a stream run."""
+    arrays, meta = state.snapshot(trainer)
+    carry = trainer.learner.online_state()
+    for i, leaf in enumerate(carry['leaves']):
+        arrays[f'carry/{i}'] = leaf
+    meta['stream'] = dict(run.state(), carry_batch=carry['batch_size'],
+                          carry_leaves=len(carry['leaves']))
+    return arrays, meta
+
+
+def save(trainer, run: StreamRun, out_dir: Path, best: bool) -> None:
+    """Write the last checkpoint of the run directory ``out_dir`` (and, ``best``, the best
+    one), atomically."""
+    arrays, meta = snapshot(trainer, run)
+    checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
+    if best:
+        checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
+
+
+def restore(trainer, path: Path, expected: dict, stream, eval_stream) -> StreamRun:
+    """Continue the stream run saved at ``path``: everything is checked (the trainer's
+    state by :func:`~.state.restore`, the streams' arguments by the position) before the
+    trainer and the learner change."""
+    arrays, meta = checkpoint.read(path)
+    run = StreamRun.from_state(meta.get('stream'), path)
+    count, batch = (meta['stream'].get(k) for k in ('carry_leaves', 'carry_batch'))
+    leaves = [arrays.get(f'carry/{i}') for i in range(count)] if isinstance(count, int) else []
+    if not leaves or any(a is None for a in leaves) or not isinstance(batch, int):
+        raise checkpoint.CheckpointError(f'{path} lacks the carry of its learner '
+                                         f'(carry/<i> entries).')
+    _check_eval_stream(meta, eval_stream, path)
+    try:
+        stream.seek(run.position)
+    except (ValueError, TypeError, KeyError) as err:
+        raise checkpoint.CheckpointError(f'{path} does not continue this stream: {err}') \
+            from None
+    state.restore(trainer, path, expected)
+    trainer.learner.restore_online_state(dict(batch_size=batch, leaves=leaves))
+    return run
+
+
+def stream_config(stream) -> Optional[dict]:
+    """The arguments of an :class:`~braintrace_conv.data.EventStream` (its recordings'
+    names, sizes and lengths included) as its position records them; ``None`` for none."""
+    return None if stream is None else stream.position()['config']
+
+
+def _check_eval_stream(meta: dict, eval_stream, path) -> None:
+    """The held-out stream must be the one the run was evaluated on."""
+    stored, now = meta.get('fit', {}).get('eval_stream'), stream_config(eval_stream)
+    if not checkpoint.config_differences({'eval_stream': stored}, {'eval_stream': now}):
+        return
+    if stored is None or now is None:
+        what = 'the run had none' if stored is None else 'none is given now'
+    else:
+        keys = checkpoint.config_differences(stored, now)
+        what = f'in {", ".join(keys)}'
+    raise checkpoint.ConfigMismatchError(path, {'eval_stream': (stored, now)},
+                                         {'eval_stream': f'the held-out stream differs '
+                                                         f'({what})'})

@@ -1,0 +1,147 @@
+"""``braintrace-conv stream``: a run and its directory, refusals in one line, and a run
+killed at a random point that resumes to the bitwise result of an uninterrupted one."""
+import csv
+import json
+import random
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from braintrace_conv.cli import main
+from braintrace_conv.data import gesture_recordings
+from braintrace_conv.training import (CURVE_NAME, LAST_CHECKPOINT, METRICS_NAME, SCALARS_NAME,
+                                      checkpoint)
+from braintrace_conv.training.stream import STREAM_COLUMNS
+
+from cli_runs import error_line, refused
+
+#: Steps of 10 ms, chunks of 20 steps, a small net (for 8 x 8 pixels, :data:`SENSOR`).
+TINY = ['--dt-us', '10000', '--update-every', '20', '--channels', '2,4', '--lr', '2e-2',
+        '--quiet']
+SENSOR = ['--sensor-size', '8,8,2']
+
+
+def write(folder, n, seed, duration_s=2.0):
+    """``n`` recordings of gestures of 0.3 to 0.6 s; their event files."""
+    recordings = gesture_recordings(folder, n, duration_s=duration_s, size=(8, 8),
+                                    segment_s=(0.3, 0.6), gap_s=(0.1, 0.3), formats=('npy',),
+                                    seed=seed)
+    return [str(r.events) for r in recordings]
+
+
+@pytest.fixture(scope='module')
+def gestures(tmp_path_factory):
+    """``(training event files, held-out event files)``, segments beside them."""
+    root = tmp_path_factory.mktemp('stream-cli')
+    return write(root / 'train', 2, 0), write(root / 'held', 1, 1)
+
+
+def test_a_run_writes_its_directory_and_a_finished_run_is_said_so(gestures, tmp_path, capsys):
+    out = tmp_path / 'run'
+    argv = ['stream', '--recordings', *gestures[0], '--held-out', *gestures[1], *SENSOR, *TINY,
+            '--eval-every', '4', '--out', str(out)]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith('held-out segment accuracy') and 'peak RSS' in line
+    metrics = json.loads((out / METRICS_NAME).read_text())
+    assert metrics['finished'] and metrics['algorithm'] == 'ES-D-RTRL'
+    assert metrics['run_config']['recordings'] == gestures[0]
+    assert 2 <= metrics['run_config']['num_classes'] <= 6 and metrics['steps'] >= 150
+    assert [e['chunk'] for e in metrics['evaluations']][:2] == [4, 8]
+    assert (out / CURVE_NAME).is_file() and 'carry/0' in checkpoint.read(out / LAST_CHECKPOINT)[0]
+    with open(out / SCALARS_NAME, newline='') as f:
+        assert next(csv.reader(f)) == list(STREAM_COLUMNS)
+    assert main([*argv, '--resume']) == 0
+    assert 'is already finished' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('extra, match', [
+    (['--segments', '{csv}'], r'--segments names 1 file\(s\) for the 2 of --recordings'),
+    (['--loop'], '--loop applies only with --max-steps'),
+    (['--eval-every', '3'], '--eval-every applies only with --held-out'),
+    (['--algorithm', 'd-rtrl', '--window', '30'],
+     r'--window must be at most --update-every \(20\), got 30; a window never spans two '
+     r'chunks'),
+    (['--sensor-size', '8,2'], '--sensor-size must be W,H,P for a camera, got 8,2'),
+    (['--sensor-size', '4,4,2'], r'user01_synthetic.npy: event 0 has x = \d; expected an integer '
+                                 r'pixel coordinate in \[0, 4\)'),
+    (['--num-classes', '2'], r'--recordings: .*label .* out of range for 2 classes|'
+                             r'--recordings: .*2 classes'),
+    (['--held-out', '{missing}'], r'--held-out: .*missing.npy is not a file'),
+])
+def test_refusals_are_one_line_and_change_nothing(gestures, tmp_path, capsys, extra, match):
+    csv_file = gestures[0][0].replace('.npy', '_labels.csv')
+    extra = [a.format(csv=csv_file, missing=tmp_path / 'missing.npy') for a in extra]
+    sensor = [] if '--sensor-size' in extra else SENSOR
+    refused(tmp_path, capsys, ['stream', '--recordings', *gestures[0], *sensor, *TINY, *extra],
+            match)
+
+
+def test_a_recording_without_its_segments_beside_it_is_named(tmp_path, capsys):
+    (tmp_path / 'bare').mkdir()
+    events = write(tmp_path / 'bare', 1, 2)[0]
+    (tmp_path / 'bare' / 'user01_synthetic_labels.csv').unlink()
+    refused(tmp_path, capsys, ['stream', '--recordings', events, *SENSOR, *TINY],
+            r'--recordings: .*user01_synthetic.npy has no segments file '
+            r'user01_synthetic_labels.csv beside it; name the segments files with --segments')
+
+
+def test_resuming_with_other_options_is_refused_naming_them(gestures, tmp_path, capsys):
+    out = tmp_path / 'run'
+    argv = ['stream', '--recordings', *gestures[0], *SENSOR, *TINY, '--max-steps', '40', '--out',
+            str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, '--lr', '1e-2', '--resume']) == 2
+    assert error_line(capsys) == (
+        f'braintrace-conv: error: --resume: the run in {out} was trained with other options: '
+        f'--lr 0.02 (now 0.01); give the same options, or another --out')
+
+
+# ----------------------------------------------------------------------------- kill and resume
+def run_cli(files, out, *extra):
+    argv = ['stream', '--recordings', *files, *SENSOR, *TINY, '--dt-us', '5000',
+            '--checkpoint-every', '2', '--log-every', '3', '--settle-steps', '10', '--out',
+            str(out), *extra]
+    return subprocess.Popen([sys.executable, '-m', 'braintrace_conv.cli', *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_run_killed_at_a_random_point_resumes_to_the_uninterrupted_result(tmp_path):
+    files = write(tmp_path / 'long', 2, 3, duration_s=4.0)   # 2 streams of 40 chunks
+    straight = run_cli(files, tmp_path / 'straight')
+    victim = run_cli(files, tmp_path / 'killed')
+    # killed a little after a random row of scalars.csv (one every 3 of the 40 chunks)
+    rng = random.Random()
+    rows, delay = rng.randint(1, 11), rng.uniform(0, 0.02)
+    scalars, deadline = tmp_path / 'killed' / SCALARS_NAME, time.monotonic() + 300
+    while not (scalars.exists() and scalars.read_text().count('\n') > rows):
+        assert victim.poll() is None, victim.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    time.sleep(delay)
+    victim.kill()
+    victim.communicate()
+    killed_at = checkpoint.read(tmp_path / 'killed' / LAST_CHECKPOINT)[1]['stream']
+    where = f'killed {delay:.3f} s after row {rows}, at the checkpoint of chunk ' \
+            f'{killed_at["chunks"]}'
+    assert victim.returncode == -9 and not killed_at['finished'], where
+
+    resumed = run_cli(files, tmp_path / 'killed', '--resume')
+    assert resumed.wait(300) == 0, resumed.communicate()
+    assert straight.wait(300) == 0, straight.communicate()
+    a, meta_a = checkpoint.read(tmp_path / 'straight' / LAST_CHECKPOINT)
+    b, meta_b = checkpoint.read(tmp_path / 'killed' / LAST_CHECKPOINT)
+    assert a.keys() == b.keys() and any(k.startswith('carry/') for k in a)
+    for name in a:              # parameters, optimiser state, the learner's carry, RNG key
+        assert a[name].dtype == b[name].dtype
+        np.testing.assert_array_equal(a[name], b[name], err_msg=f'{name}, {where}')
+    assert meta_a == meta_b and meta_a['stream']['finished'], where
+
+    def table(out):             # all but the rates and times
+        with open(out / SCALARS_NAME, newline='') as f:
+            return [row[:-3] for row in csv.reader(f)]
+    assert table(tmp_path / 'straight') == table(tmp_path / 'killed'), where
