@@ -69,7 +69,8 @@ __all__ = ['main', 'build_parser', 'TASK_DEFAULTS', 'MODEL_DEFAULTS', 'RUN_OPTIO
 
 #: Exit code of a command that did what it was asked (also a resumed run found finished).
 EXIT_OK = 0
-#: Exit code of an I/O error (or running out of memory) during the run.
+#: Exit code of an I/O error, running out of memory, or a non-finite update with
+#: ``--nonfinite raise`` during the run.
 EXIT_ERROR = 1
 #: Exit code of a user error: the usage line, then one line saying what was wrong.
 EXIT_USAGE = 2
@@ -108,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         said = f'; {interruption}' if isinstance(interruption, Interrupted) else ''
         print(f'{PROG}: interrupted{said}', file=sys.stderr)
         return EXIT_INTERRUPTED
-    except OSError as error:
+    except (OSError, FloatingPointError) as error:    # FloatingPointError: --nonfinite raise
         print(f'{PROG}: error: {error}', file=sys.stderr)
         return EXIT_ERROR
     except MemoryError:

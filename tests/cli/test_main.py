@@ -1,6 +1,7 @@
 """``main``: exit codes, warnings as one line on stderr, --help and --version."""
 
-from braintrace_conv.cli import main
+from braintrace_conv.cli import EXIT_ERROR, main
+from cli_runs import TINY
 
 
 def test_warnings_are_one_line_on_stderr(run, capsys, monkeypatch):
@@ -28,3 +29,19 @@ def test_help_and_version(capsys):
                                              'delayed-bars'))
     assert main(['--version']) == 0
     assert capsys.readouterr().out.startswith('braintrace-conv ')
+
+
+def test_a_nonfinite_update_with_nonfinite_raise_is_one_line_and_exit_code_1(tmp_path, capsys,
+                                                                              monkeypatch):
+    import numpy as np
+
+    from braintrace_conv.training import Trainer
+    def never_finite(self, grads, opt_state, params, loss):
+        return params, opt_state, np.bool_(False), np.zeros(len(self._view.names), bool)
+
+    monkeypatch.setattr(Trainer, '_candidate_update', never_finite)
+    code = main(['train', *TINY, '--nonfinite', 'raise', '--out', str(tmp_path / 'run')])
+    err = capsys.readouterr().err
+    assert code == EXIT_ERROR
+    assert err.startswith('braintrace-conv: error: update 1 (epoch 1): non-finite gradient of ')
+    assert len(err.strip().splitlines()) == 1
