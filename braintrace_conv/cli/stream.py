@@ -33,6 +33,7 @@ from ..data import EventStream, Recording, read_segments
 from ..models import recurrent_conv_snn
 from ..training import Trainer, checkpoint, logs, run_dir
 from ..training._fit import hold
+from ..training.stream_state import StreamRun, run_differences
 from .build import _learner, optimizer
 from .options import STREAM_OPTIONS, flag, given, stored_options
 from .parser import Interrupted, UsageError, usage_error
@@ -152,22 +153,18 @@ def _resume(run, usage: str) -> bool:
     try:
         _, meta = checkpoint.read(path)
         stored = checkpoint.field(meta, 'run', dict, path)
+        saved = StreamRun.from_state(meta.get('stream'), path)
     except checkpoint.CheckpointError as error:
         raise UsageError(f'--resume: {error}', usage) from None
-    differences = checkpoint.config_differences(stored, stored_options(vars(run),
-                                                                       STREAM_OPTIONS))
-    differences.pop('max_steps', None)     # a run plays until it has played --max-steps
+    differences = run_differences(stored, stored_options(vars(run), STREAM_OPTIONS),
+                                  run.max_steps)
     if differences:
         raise UsageError(f'--resume: the run in {run.out} was trained with other options: '
                          f'{option_list(differences)}; give the same options, or another '
                          f'--out', usage)
-    saved = meta.get('stream')
-    if not isinstance(saved, dict) or not isinstance(saved.get('steps'), int):
-        raise UsageError(f'--resume: {path} is not a checkpoint of a stream run', usage)
-    steps, more = saved['steps'], run.max_steps is None or run.max_steps > saved['steps']
-    if saved.get('finished') and (saved.get('ended') or not more):
-        print(f'the run in {run.out} is already finished ({steps:,} steps); nothing to do'
-              + ('' if saved.get('ended') else '; a larger --max-steps extends it'))
+    if not saved.more_to_play(run.max_steps):
+        print(f'the run in {run.out} is already finished ({saved.steps:,} steps); nothing to do'
+              + ('' if saved.ended else '; a larger --max-steps extends it'))
         return False
     if stored.get('max_steps') != run.max_steps:
         print(f'the run in {run.out} continues to '

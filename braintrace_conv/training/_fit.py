@@ -4,6 +4,7 @@ the command line), resumed and repaired."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -157,8 +158,8 @@ def _open_run(trainer, out_dir: Path, resume: bool, overwrite: bool, epochs: int
     if trainer._writer and overwrite:
         run_dir.create(out_dir, overwrite=True)
     if resume:
-        state.restore(trainer, out_dir / run_dir.LAST_CHECKPOINT, expected, epochs=epochs,
-                      datasets=datasets)
+        state.restore(trainer, out_dir / run_dir.LAST_CHECKPOINT, expected,
+                      functools.partial(state.run_differences, epochs=epochs), datasets)
         if trainer._writer:
             _repair_run(trainer, out_dir)
     trainer._fit_config = expected['fit']

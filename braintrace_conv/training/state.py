@@ -10,14 +10,15 @@ settings and data fingerprints of :meth:`~braintrace_conv.training.Trainer.fit`
 (``fit``), the number of devices and the shuffling generator's state.
 
 A run is continued only with the settings it was written with; the one exception is its
-length: a larger ``epochs`` continues a finished run (:func:`run_differences`).
+length: a larger ``epochs`` continues a finished run (:func:`run_differences`; a stream
+run's ``max_steps`` likewise: :func:`~.stream_state.run_differences`).
 """
 from __future__ import annotations
 
 import os
 import warnings
 from pathlib import Path
-from typing import NamedTuple, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 import brainstate
 import jax
@@ -69,7 +70,7 @@ class _Restored(NamedTuple):
     notes: list
 
 
-def _read(trainer, path: Path, expected: dict, epochs: Optional[int],
+def _read(trainer, path: Path, expected: dict, compare_run: Optional[Callable],
           datasets: Optional[dict]) -> _Restored:
     """The state in the checkpoint ``path``, every part checked; changes nothing."""
     arrays, meta = checkpoint.read(path)
@@ -77,9 +78,8 @@ def _read(trainer, path: Path, expected: dict, epochs: Optional[int],
     for key, given in expected.items():
         if key == 'fit' and datasets:
             notes = _check_fit(meta, given, datasets, path)
-        elif key == 'run' and epochs is not None:
-            differences = run_differences(checkpoint.field(meta, 'run', dict, path), given,
-                                          epochs)
+        elif key == 'run' and compare_run is not None:
+            differences = compare_run(checkpoint.field(meta, 'run', dict, path), given)
             if differences:
                 raise checkpoint.ConfigMismatchError(path, differences)
         else:
@@ -95,11 +95,12 @@ def _read(trainer, path: Path, expected: dict, epochs: Optional[int],
     return _Restored(params, opt_state, counts, meta, rng, key, notes)
 
 
-def restore(trainer, path: Path, expected: dict, epochs: Optional[int] = None,
+def restore(trainer, path: Path, expected: dict, compare_run: Optional[Callable] = None,
             datasets: Optional[dict] = None) -> None:
     """Restore ``trainer`` from the checkpoint ``path`` if its metadata equal ``expected``
-    (``{'trainer': ..., 'run': ..., 'fit': ...}``; with ``epochs``, the run options may
-    hold fewer epochs: :func:`run_differences`) and its data fingerprints fit
+    (``{'trainer': ..., 'run': ..., 'fit': ...}``; with ``compare_run(stored, given)``, the
+    run options differ where it returns differences, e.g. :func:`run_differences`, which
+    lets a run be extended) and its data fingerprints fit
     ``datasets`` (keyed like them in ``expected['fit']``). Everything is checked before
     anything changes.
 
@@ -107,7 +108,7 @@ def restore(trainer, path: Path, expected: dict, epochs: Optional[int] = None,
       FileNotFoundError: No file at ``path``.
       CheckpointError: The file is not a valid checkpoint or does not fit ``trainer``.
     """
-    state = _read(trainer, path, expected, epochs, datasets)
+    state = _read(trainer, path, expected, compare_run, datasets)
     trainer._set_params(state.params)
     trainer.opt_state = trainer._parallel.replicate(state.opt_state)
     trainer.epoch, trainer.updates, trainer.skipped_updates = (

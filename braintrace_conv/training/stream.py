@@ -472,10 +472,8 @@ def fit_stream(trainer, stream, *, eval_stream=None, eval_every: Optional[int] =
             if resume:
                 run = restore(trainer, out_dir / run_dir.LAST_CHECKPOINT,
                               dict(trainer=trainer.config(), run=args.run_config,
-                                   fit=fit_config), stream, eval_stream)
-                if run.finished and not run.ended and (args.max_steps is None
-                                                       or args.max_steps > run.steps):
-                    run.finished = False        # a larger max_steps extends the run
+                                   fit=fit_config), stream, eval_stream, args.max_steps)
+                run.finished = not run.more_to_play(args.max_steps)
         if run is None:
             stream.seek(None)
             trainer.learner.reset(stream.batch_size)

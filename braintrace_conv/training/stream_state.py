@@ -26,7 +26,7 @@ from typing import Optional
 from . import checkpoint, run_dir, state
 from .stream_metrics import MetricTotals, StreamMetrics
 
-__all__ = ['StreamRun', 'snapshot', 'save', 'restore', 'stream_config']
+__all__ = ['StreamRun', 'snapshot', 'save', 'restore', 'run_differences', 'stream_config']
 
 _FORMAT = 'braintrace_conv.stream-run/1'
 
@@ -53,6 +53,13 @@ class StreamRun:
                     dt_us=self.dt_us, chunks=self.chunks, steps=self.steps, events=self.events,
                     evaluations=self.evaluations, best=self.best, row=self.row,
                     finished=self.finished, ended=self.ended)
+
+    def more_to_play(self, max_steps: Optional[int]) -> bool:
+        """Whether a run continued until it has played ``max_steps`` (``None``: until the
+        stream ends) plays on: a run not finished, or finished by a smaller ``max_steps``
+        before its stream ended."""
+        return not self.finished or (not self.ended and (max_steps is None
+                                                         or max_steps > self.steps))
 
     @property
     def stream_time_s(self) -> float:
@@ -98,10 +105,11 @@ def save(trainer, run: StreamRun, out_dir: Path, best: bool) -> None:
         checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
 
 
-def restore(trainer, path: Path, expected: dict, stream, eval_stream) -> StreamRun:
-    """Continue the stream run saved at ``path``: everything is checked (the trainer's
-    state by :func:`~.state.restore`, the streams' arguments by the position) before the
-    trainer and the learner change."""
+def restore(trainer, path: Path, expected: dict, stream, eval_stream,
+            max_steps: Optional[int]) -> StreamRun:
+    """Continue the stream run saved at ``path`` until it has played ``max_steps``:
+    everything is checked (the trainer's state by :func:`~.state.restore`, the streams'
+    arguments by the position) before the trainer and the learner change."""
     arrays, meta = checkpoint.read(path)
     run = StreamRun.from_state(meta.get('stream'), path)
     count, batch = (meta['stream'].get(k) for k in ('carry_leaves', 'carry_batch'))
@@ -115,9 +123,21 @@ def restore(trainer, path: Path, expected: dict, stream, eval_stream) -> StreamR
     except (ValueError, TypeError, KeyError) as err:
         raise checkpoint.CheckpointError(f'{path} does not continue this stream: {err}') \
             from None
-    state.restore(trainer, path, expected)
+    state.restore(trainer, path, expected,
+                  lambda stored, given: run_differences(stored, given, max_steps))
     trainer.learner.restore_online_state(dict(batch_size=batch, leaves=leaves))
     return run
+
+
+def run_differences(stored: dict, given: dict, max_steps: Optional[int]) -> dict:
+    """``{option: (stored, given)}`` of the run options ``given`` that differ from those a
+    run ``stored``, except ``max_steps`` when ``given['max_steps']`` is ``max_steps``, the
+    length of the run being played: a run plays until it has played ``max_steps``, so a
+    larger one extends a run it stopped (:meth:`StreamRun.more_to_play`)."""
+    differences = checkpoint.config_differences(stored, given)
+    if given.get('max_steps') == max_steps:
+        differences.pop('max_steps', None)
+    return differences
 
 
 def stream_config(stream) -> Optional[dict]:

@@ -101,6 +101,27 @@ def test_resuming_with_other_options_is_refused_naming_them(gestures, tmp_path, 
         f'--lr 0.02 (now 0.01); give the same options, or another --out')
 
 
+def test_a_larger_max_steps_extends_a_run_as_if_it_had_run_straight_on(gestures, tmp_path,
+                                                                      capsys):
+    # a run of one chunk makes its update (if any) at the start of the learning-rate
+    # schedule, --lr whatever the run's length: extended, it equals the straight run
+    argv = ['stream', '--recordings', *gestures[0], *SENSOR, *TINY]
+    straight, extended = tmp_path / 'straight', tmp_path / 'extended'
+    assert main([*argv, '--max-steps', '100', '--out', str(straight)]) == 0
+    assert main([*argv, '--max-steps', '20', '--out', str(extended)]) == 0
+    capsys.readouterr()
+    assert main([*argv, '--max-steps', '100', '--out', str(extended), '--resume']) == 0
+    assert f'the run in {extended} continues to 100 steps' in capsys.readouterr().out
+    a, meta_a = checkpoint.read(straight / LAST_CHECKPOINT)
+    b, meta_b = checkpoint.read(extended / LAST_CHECKPOINT)
+    assert a.keys() == b.keys() and any(k.startswith('carry/') for k in a)
+    for name in a:              # parameters, optimiser state, the learner's carry, RNG key
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert meta_a == meta_b and meta_a['stream']['steps'] == 100
+    assert main([*argv, '--max-steps', '100', '--out', str(extended), '--resume']) == 0
+    assert 'is already finished (100 steps); nothing to do' in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------- kill and resume
 def run_cli(files, out, *extra):
     argv = ['stream', '--recordings', *files, *SENSOR, *TINY, '--dt-us', '5000',

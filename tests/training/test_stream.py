@@ -115,6 +115,22 @@ def test_a_larger_max_steps_extends_a_run_as_if_it_had_run_straight_on(recording
     assert meta_a['stream'] == meta_b['stream'] and extended == straight
 
 
+def test_a_larger_max_steps_in_the_run_options_extends_a_run(recordings, tmp_path):
+    """``run_config`` stores the caller's options, ``max_steps`` among them: only it may
+    differ when the run is resumed with that ``max_steps``."""
+    stopped = trainer().fit_stream(stream(recordings[0]), max_steps=100, out_dir=tmp_path,
+                                   run_config=dict(max_steps=100, lr=1e-2), progress=False)
+    extended = trainer().fit_stream(stream(recordings[0]), max_steps=140, out_dir=tmp_path,
+                                    resume=True, run_config=dict(max_steps=140, lr=1e-2),
+                                    progress=False)
+    assert extended['steps'] == 140 > stopped['steps']
+    assert extended['run_config']['max_steps'] == 140
+    with pytest.raises(ConfigMismatchError, match='lr: 0.01 in the checkpoint, 0.02 now'):
+        trainer().fit_stream(stream(recordings[0]), max_steps=180, out_dir=tmp_path,
+                             resume=True, run_config=dict(max_steps=180, lr=2e-2),
+                             progress=False)
+
+
 def test_a_finished_run_resumes_to_itself_and_other_settings_are_refused(recordings, tmp_path):
     done = trainer().fit_stream(stream(recordings[0]), out_dir=tmp_path, progress=False)
     again = trainer().fit_stream(stream(recordings[0]), out_dir=tmp_path, resume=True,
