@@ -46,7 +46,6 @@ import io
 import json
 import os
 import time
-import weakref
 from pathlib import Path
 from typing import NamedTuple, Optional, Union
 
@@ -239,10 +238,6 @@ def _kept_if_finite(trainer, grads, opt_state, params, loss):
     return keep(new_params, params), keep(new_state, opt_state), ok, finite
 
 
-# The compiled update of each trainer (compiled once per trainer, not per run).
-_UPDATES = weakref.WeakKeyDictionary()
-
-
 class _Pipeline:
     """Chunks through the learner with the host one chunk behind the device: the update
     of chunk ``n`` is applied on the device (kept only if everything is finite, as
@@ -257,9 +252,9 @@ class _Pipeline:
         self.pending: Optional[_Chunk] = None
         self.clock = dict(start=time.perf_counter(), row=time.perf_counter(), steps=run.steps,
                           events=run.events)
-        if trainer not in _UPDATES:
-            _UPDATES[trainer] = jax.jit(functools.partial(_kept_if_finite, trainer))
-        self._update = _UPDATES[trainer]
+        if trainer._stream_update is None:   # compiled once per trainer, not per run
+            trainer._stream_update = jax.jit(functools.partial(_kept_if_finite, trainer))
+        self._update = trainer._stream_update
 
     def send(self, xs, labels, weights, segments, position) -> None:
         """Advance the learner over one chunk and update from it; count the chunk before."""

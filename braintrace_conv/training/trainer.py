@@ -218,6 +218,7 @@ class Trainer:
         self._fit_config: dict = {}
         self._rng: Optional[np.random.Generator] = None
         self._update = jax.jit(self._candidate_update)
+        self._stream_update = None      # compiled by the first stream run (stream.py)
         self._outputs: dict = {}
 
     def config(self) -> dict:

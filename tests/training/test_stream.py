@@ -1,6 +1,8 @@
 """Learning from a stream: state carried across chunks, segments and recordings, truncated
 BPTT, evaluation that leaves the run alone, and a resume equal to an uninterrupted run."""
 import csv
+import gc
+import weakref
 
 import numpy as np
 import optax
@@ -129,6 +131,15 @@ def test_a_larger_max_steps_in_the_run_options_extends_a_run(recordings, tmp_pat
         trainer().fit_stream(stream(recordings[0]), max_steps=180, out_dir=tmp_path,
                              resume=True, run_config=dict(max_steps=180, lr=2e-2),
                              progress=False)
+
+
+def test_a_trainer_that_streamed_is_freed(recordings):
+    tr = trainer()
+    tr.fit_stream(stream(recordings[0]), max_steps=40, progress=False)
+    freed = weakref.ref(tr)
+    del tr
+    gc.collect()
+    assert freed() is None
 
 
 def test_a_finished_run_resumes_to_itself_and_other_settings_are_refused(recordings, tmp_path):
