@@ -33,14 +33,19 @@ from ..data import EventStream, Recording, read_segments
 from ..models import recurrent_conv_snn
 from ..training import Trainer, checkpoint, logs, run_dir
 from ..training._fit import hold
-from ..training.stream_state import StreamRun, run_differences
+from ..training.stream_state import StreamRun, lagging, run_differences
 from .build import _learner, optimizer
 from .options import STREAM_OPTIONS, flag, given, stored_options
 from .parser import Interrupted, UsageError, usage_error
 from .resolve import check_values, devices, option_list, refuse_without_effect
 from .train import _out_error
 
-__all__ = ['stream']
+__all__ = ['stream', 'SUMMARY']
+
+#: What the command adds to ``metrics.json`` when a run is finished, after the run's own
+#: last write: the wall time and peak resident memory of the command that finished it. A
+#: finished run whose ``metrics.json`` lacks them is repaired on ``--resume``.
+SUMMARY = ('wall_time_s', 'peak_rss_mb')
 
 
 def _labels_beside(files: list, segments, option: str, segments_option: str,
@@ -163,6 +168,11 @@ def _resume(run, usage: str) -> bool:
                          f'{option_list(differences)}; give the same options, or another '
                          f'--out', usage)
     if not saved.more_to_play(run.max_steps):
+        found = lagging(run.out, saved, SUMMARY)
+        if found:
+            print(f'the run in {run.out} is finished ({saved.steps:,} steps) but was '
+                  f'interrupted while writing its files; repairing {", ".join(found)}')
+            return True
         print(f'the run in {run.out} is already finished ({saved.steps:,} steps); nothing to do'
               + ('' if saved.ended else '; a larger --max-steps extends it'))
         return False
@@ -223,7 +233,7 @@ def _fit(run, usage: str, start: float, trainer: Trainer, train, held) -> int:
     wall = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with run_dir.locked(run.out):
-        logs.write_metrics(run.out, dict(result, wall_time_s=wall, peak_rss_mb=peak_mb))
+        logs.write_metrics(run.out, dict(result, **dict(zip(SUMMARY, (wall, peak_mb)))))
     print(_end_line(result, wall, peak_mb))
     return 0
 

@@ -144,7 +144,7 @@ def _run_epoch(trainer, train_dataset, eval_dataset, args: _Arguments, out_dir: 
     if log is not None:
         log.log_epoch(trainer.updates, record)
         log.sync()
-        _save_run(trainer, out_dir, improved)
+        _save_run(out_dir, state.snapshot(trainer), improved, trainer.write_logs)
     if progress:
         tqdm.write(_summary_line(record, args.epochs))
 
@@ -161,22 +161,24 @@ def _open_run(trainer, out_dir: Path, resume: bool, overwrite: bool, epochs: int
         state.restore(trainer, out_dir / run_dir.LAST_CHECKPOINT, expected,
                       functools.partial(state.run_differences, epochs=epochs), datasets)
         if trainer._writer:
-            _repair_run(trainer, out_dir)
+            _repair_run(out_dir, run_dir.lagging(out_dir, trainer.epoch, trainer.best),
+                        trainer.write_logs)
     trainer._fit_config = expected['fit']
     if trainer._writer:
         return logs.ScalarLog(out_dir, start_update=trainer.updates, tensorboard=tensorboard)
     return None
 
 
-def _repair_run(trainer, out_dir: Path) -> None:
-    """Write what a run killed between its last checkpoint and the end of that epoch's
-    writes left behind (:func:`~braintrace_conv.training.run_dir.lagging`)."""
-    found = run_dir.lagging(out_dir, trainer.epoch, trainer.best)
-    if run_dir.BEST_CHECKPOINT in found:    # the last checkpoint is that epoch's best one
+def _repair_run(out_dir: Path, found: list, write_logs) -> None:
+    """Write what a run killed between its last checkpoint and the end of the writes that
+    follow it left behind (``found``: :func:`~braintrace_conv.training.run_dir.lagging_files`):
+    the best checkpoint, a copy of the last one; ``metrics.json`` and the curve, by
+    ``write_logs(out_dir)``."""
+    if run_dir.BEST_CHECKPOINT in found:    # the last checkpoint is the best one
         atomic_write(out_dir / run_dir.BEST_CHECKPOINT,
                      (out_dir / run_dir.LAST_CHECKPOINT).read_bytes())
     if run_dir.METRICS_NAME in found or run_dir.CURVE_NAME in found:
-        trainer.write_logs(out_dir)
+        write_logs(out_dir)
 
 
 def _train_epoch(trainer, dataset, batch_size: int, epochs: int, progress: bool, log,
@@ -212,16 +214,16 @@ def _train_epoch(trainer, dataset, batch_size: int, epochs: int, progress: bool,
                 epoch_time_s=time.perf_counter() - start)
 
 
-def _save_run(trainer, out_dir: Path, improved: bool) -> None:
-    """The last (and, ``improved``, the best) checkpoint, ``metrics.json`` and the curve,
-    into the run directory still held (:func:`~.run_dir.locked` raises
+def _save_run(out_dir: Path, snapshot: tuple, improved: bool, write_logs) -> None:
+    """The last (and, ``improved``, the best) checkpoint of ``snapshot`` ``(arrays,
+    metadata)``, then the logs (``write_logs(out_dir)``, ``metrics.json`` last), into the
+    run directory still held (:func:`~.run_dir.locked` raises
     :class:`~.run_dir.RunDirectoryLostError` if it was removed meanwhile)."""
-    arrays, meta = state.snapshot(trainer)
     with run_dir.locked(out_dir):
-        checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
+        checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, *snapshot)
         if improved:
-            checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
-        trainer.write_logs(out_dir)
+            checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, *snapshot)
+        write_logs(out_dir)
 
 
 def _bar_shown() -> bool:

@@ -76,13 +76,16 @@ def run_title(config: dict) -> str:
     return head + '\n' + ' | '.join(map(str, parts))
 
 
-def write_curve(directory: Union[str, os.PathLike], history: list, title: str) -> None:
-    """Draw loss and accuracy per epoch and write ``learning_curve.png`` (atomically)."""
+def write_curve(directory: Union[str, os.PathLike], history: list, title: str,
+                **axes) -> None:
+    """Draw loss and accuracy per epoch (or, with ``axes``, the ``x`` and ``panels`` of
+    :func:`~braintrace_conv.plot.learning_curve`) and write ``learning_curve.png``
+    (atomically)."""
     import matplotlib.pyplot as plt
 
     from ..plot import learning_curve
 
-    fig = learning_curve(history)
+    fig = learning_curve(history, **axes)
     fig.suptitle(title, fontsize=10)
     try:
         buffer = io.BytesIO()

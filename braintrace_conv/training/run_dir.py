@@ -41,7 +41,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from .._validation import one_of
 
@@ -53,7 +53,7 @@ except ImportError:     # no advisory locks on this platform: an exclusively cre
 __all__ = ['LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'METRICS_NAME', 'SCALARS_NAME', 'CURVE_NAME',
            'TENSORBOARD_DIR', 'RUN_FILES', 'CHECKPOINTS', 'LOCK_NAME', 'TRASH_PREFIX',
            'RunLockedError', 'RunExistsError', 'NothingToResumeError', 'RunDirectoryLostError',
-           'run_files', 'check', 'create', 'locked', 'lock_holder', 'lagging',
+           'run_files', 'check', 'create', 'locked', 'lock_holder', 'lagging', 'lagging_files',
            'checkpoint_file']
 
 #: Checkpoint after the last completed epoch.
@@ -539,32 +539,49 @@ def _stale_temporaries(directory: Path) -> list:
 
 def lagging(directory: Union[str, os.PathLike], epoch: int, best: Optional[dict],
             summary: tuple = ()) -> list:
-    """Names of the files of the run in ``directory`` that lag behind its last checkpoint
-    (``epoch`` completed, ``best`` its best-epoch entry), as a run killed during the writes
-    that follow that checkpoint leaves them: the best checkpoint (when the last epoch was
-    the best), ``metrics.json`` (of an earlier epoch, or without the keys ``summary`` that
-    the caller writes when the run is finished), the learning curve, and temporary files.
-    ``metrics.json`` is the last file each epoch writes, so one of this epoch tells that
-    the curve is this epoch's too."""
+    """:func:`lagging_files` of the run of :meth:`Trainer.fit
+    <braintrace_conv.training.Trainer.fit>` in ``directory`` whose last checkpoint completed
+    ``epoch`` epochs (``best``: its best-epoch entry); ``metrics.json`` tells its epoch by
+    ``epochs_completed``."""
+    last_is_best = best is not None and best.get('epoch') == epoch
+    return lagging_files(directory, dict(epochs_completed=epoch) if epoch else {},
+                         curve=bool(epoch), summary=summary,
+                         best_of=(lambda meta: meta.get('epoch') == epoch) if last_is_best
+                         else None)
+
+
+def lagging_files(directory: Union[str, os.PathLike], logged: dict, *, curve: bool,
+                  best_of: Optional[Callable[[dict], bool]] = None,
+                  summary: tuple = ()) -> list:
+    """Names of the files of the run in ``directory`` that lag behind its last checkpoint,
+    as a run killed during the writes that follow that checkpoint leaves them: the best
+    checkpoint (``best_of``, when the last checkpoint is the best one: whether a
+    checkpoint's metadata are of the last checkpoint's state), ``metrics.json`` (without
+    the entries ``logged`` of the last checkpoint, e.g. ``{'epochs_completed': 3}``, or
+    without the keys ``summary`` that the caller writes when the run is finished), the
+    learning curve (``curve``: the run draws one) and temporary files.
+    ``metrics.json`` is the last file written after each checkpoint, so one of the last
+    checkpoint tells that the curve is of it too."""
     from .checkpoint import CheckpointError, read
 
     directory = Path(directory)
     found = []
-    if best is not None and best.get('epoch') == epoch:
+    if best_of is not None:
         try:
-            best_epoch = read(directory / BEST_CHECKPOINT)[1]['epoch']
+            best_meta = read(directory / BEST_CHECKPOINT)[1]
         except (OSError, CheckpointError):
-            best_epoch = None
-        if best_epoch != epoch:
+            best_meta = None
+        if best_meta is None or not best_of(best_meta):
             found.append(BEST_CHECKPOINT)
     try:
-        logged = json.loads((directory / METRICS_NAME).read_bytes())
+        metrics = json.loads((directory / METRICS_NAME).read_bytes())
     except (OSError, ValueError):
-        logged = None
-    logged = logged if isinstance(logged, dict) else {}
-    if epoch and (logged.get('epochs_completed') != epoch or not set(summary) <= set(logged)):
+        metrics = None
+    metrics = metrics if isinstance(metrics, dict) else {}
+    if logged and (any(metrics.get(key) != value for key, value in logged.items())
+                   or not set(summary) <= set(metrics)):
         found.append(METRICS_NAME)
-    if epoch and not (directory / CURVE_NAME).is_file():
+    if curve and not (directory / CURVE_NAME).is_file():
         found.append(CURVE_NAME)
     return found + [p.name for p in _stale_temporaries(directory)]
 

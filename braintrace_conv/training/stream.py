@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import io
 import json
 import os
 import time
@@ -59,12 +58,11 @@ from .._validation import ArgumentError, at_most, optional, positive, non_negati
 from ..data import EventStream
 from ..executors import BPTT
 from . import logs, placement, run_dir
-from ._files import atomic_write
-from ._fit import _bar_shown, hold
+from ._fit import _bar_shown, _repair_run, _save_run, hold
 from .loss import weighted_cross_entropy
 from .spikes import split_output
 from .stream_metrics import MetricTotals, StreamMetrics
-from .stream_state import StreamRun, restore, save, stream_config
+from .stream_state import StreamRun, lagging, restore, snapshot, stream_config
 
 __all__ = ['STREAM_COLUMNS', 'fit_stream', 'evaluate_stream', 'summary']
 
@@ -387,35 +385,27 @@ def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments, out_di
 
 
 def _write(trainer, run: StreamRun, out_dir: Path, best: bool, log) -> None:
-    """The checkpoint(s), then ``metrics.json`` and the curve (the logs made durable first,
-    so the rows a resumed run keeps are on disk)."""
+    """The checkpoint(s), the curve and ``metrics.json``, as :meth:`Trainer.fit` writes
+    them (the scalar log made durable first, so the rows a resumed run keeps are on
+    disk)."""
     if log is not None:
         log.sync()
-    save(trainer, run, out_dir, best)
-    logs.write_metrics(out_dir, summary(trainer, run))
-    if run.evaluations:
-        write_curve(out_dir, run.evaluations, trainer)
+    _save_run(out_dir, snapshot(trainer, run), best,
+              functools.partial(_write_logs, trainer, run))
 
 
-def write_curve(out_dir: Path, evaluations: list, trainer) -> None:
-    """``learning_curve.png``: online and held-out loss and segment accuracy against
-    stream time."""
-    import matplotlib.pyplot as plt
-
-    from ..plot import learning_curve
-
-    fig = learning_curve(evaluations, x='stream_time_s',
-                         panels=(('online_loss', 'test_loss'),
-                                 ('online_segment_accuracy', 'test_accuracy')))
-    fig.suptitle(logs.run_title({**trainer.run_config, **trainer.config(),
-                                 'update_every': None}).split('\n')[0] + ', on a stream',
-                 fontsize=10)
-    try:
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format='png', dpi=100)
-    finally:
-        plt.close(fig)
-    atomic_write(out_dir / run_dir.CURVE_NAME, buffer.getvalue())
+def _write_logs(trainer, run: StreamRun, out_dir: Path) -> None:
+    """``learning_curve.png`` (online and held-out loss and segment accuracy against
+    stream time), then ``metrics.json`` (:func:`summary`; last, as
+    :meth:`Trainer.write_logs` writes it), holding the run directory's lock."""
+    with run_dir.locked(out_dir) as out_dir:
+        if run.evaluations:
+            title = logs.run_title({**trainer.run_config, **trainer.config(),
+                                    'update_every': None}).split('\n')[0] + ', on a stream'
+            logs.write_curve(out_dir, run.evaluations, title, x='stream_time_s',
+                             panels=(('online_loss', 'test_loss'),
+                                     ('online_segment_accuracy', 'test_accuracy')))
+        logs.write_metrics(out_dir, summary(trainer, run))
 
 
 def _line(record: dict, steps_per_s: float, events_per_s: float) -> str:
@@ -468,6 +458,9 @@ def fit_stream(trainer, stream, *, eval_stream=None, eval_every: Optional[int] =
                 run = restore(trainer, out_dir / run_dir.LAST_CHECKPOINT,
                               dict(trainer=trainer.config(), run=args.run_config,
                                    fit=fit_config), stream, eval_stream, args.max_steps)
+                if trainer._writer:
+                    _repair_run(out_dir, lagging(out_dir, run),
+                                functools.partial(_write_logs, trainer, run))
                 run.finished = not run.more_to_play(args.max_steps)
         if run is None:
             stream.seek(None)

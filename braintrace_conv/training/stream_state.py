@@ -26,7 +26,7 @@ from typing import Optional
 from . import checkpoint, run_dir, state
 from .stream_metrics import MetricTotals, StreamMetrics
 
-__all__ = ['StreamRun', 'snapshot', 'save', 'restore', 'run_differences', 'stream_config']
+__all__ = ['StreamRun', 'snapshot', 'restore', 'lagging', 'run_differences', 'stream_config']
 
 _FORMAT = 'braintrace_conv.stream-run/1'
 
@@ -96,13 +96,17 @@ def snapshot(trainer, run: StreamRun) -> tuple:
     return arrays, meta
 
 
-def save(trainer, run: StreamRun, out_dir: Path, best: bool) -> None:
-    """Write the last checkpoint of the run directory ``out_dir`` (and, ``best``, the best
-    one), atomically."""
-    arrays, meta = snapshot(trainer, run)
-    checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, arrays, meta)
-    if best:
-        checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, arrays, meta)
+def lagging(out_dir: Path, run: StreamRun, summary: tuple = ()) -> list:
+    """The files of the run directory ``out_dir`` that lag behind its last checkpoint, of
+    ``run`` (:func:`~.run_dir.lagging_files`; ``summary``: keys the caller adds to the
+    ``metrics.json`` of a finished run); ``metrics.json`` tells its checkpoint by ``chunks``
+    and ``finished``."""
+    last_is_best = run.best is not None and run.best['step'] == run.steps
+    played = lambda meta: isinstance(meta.get('stream'), dict) and \
+        meta['stream'].get('steps') == run.steps
+    return run_dir.lagging_files(out_dir, dict(chunks=run.chunks, finished=run.finished)
+                                 if run.chunks else {}, curve=bool(run.evaluations),
+                                 best_of=played if last_is_best else None, summary=summary)
 
 
 def restore(trainer, path: Path, expected: dict, stream, eval_stream,

@@ -122,6 +122,27 @@ def test_a_larger_max_steps_extends_a_run_as_if_it_had_run_straight_on(gestures,
     assert 'is already finished (100 steps); nothing to do' in capsys.readouterr().out
 
 
+def test_a_run_killed_in_its_last_writes_is_repaired_on_resume(gestures, tmp_path, capsys):
+    out = tmp_path / 'run'
+    argv = ['stream', '--recordings', *gestures[0], *SENSOR, *TINY, '--max-steps', '40',
+            '--out', str(out)]
+    assert main(argv) == 0
+    # killed after the run's last write, before the command added its wall time and memory
+    metrics = json.loads((out / METRICS_NAME).read_text())
+    (out / METRICS_NAME).write_text(json.dumps({k: v for k, v in metrics.items()
+                                                if k not in ('wall_time_s', 'peak_rss_mb')}))
+    capsys.readouterr()
+    assert main([*argv, '--resume']) == 0
+    assert 'was interrupted while writing its files; repairing metrics.json' in \
+        capsys.readouterr().out
+    repaired = json.loads((out / METRICS_NAME).read_text())
+    assert {'wall_time_s', 'peak_rss_mb'} <= set(repaired)
+    assert {k: v for k, v in repaired.items() if k not in ('wall_time_s', 'peak_rss_mb')} == \
+        {k: v for k, v in metrics.items() if k not in ('wall_time_s', 'peak_rss_mb')}
+    assert main([*argv, '--resume']) == 0
+    assert 'is already finished (40 steps); nothing to do' in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------- kill and resume
 def run_cli(files, out, *extra):
     argv = ['stream', '--recordings', *files, *SENSOR, *TINY, '--dt-us', '5000',

@@ -2,6 +2,7 @@
 BPTT, evaluation that leaves the run alone, and a resume equal to an uninterrupted run."""
 import csv
 import gc
+import json
 import weakref
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 
 import braintrace_conv as bc
 from braintrace_conv.data import EventStream, gesture_recordings
-from braintrace_conv.training import (LAST_CHECKPOINT, SCALARS_NAME, CheckpointError,
-                                      ConfigMismatchError, Trainer, checkpoint)
+from braintrace_conv.training import (CURVE_NAME, LAST_CHECKPOINT, METRICS_NAME, SCALARS_NAME,
+                                      CheckpointError, ConfigMismatchError, Trainer, checkpoint,
+                                      logs, run_dir)
 from braintrace_conv.training.loss import weighted_cross_entropy
 from braintrace_conv.training.stream import STREAM_COLUMNS
 
@@ -131,6 +133,43 @@ def test_a_larger_max_steps_in_the_run_options_extends_a_run(recordings, tmp_pat
         trainer().fit_stream(stream(recordings[0]), max_steps=180, out_dir=tmp_path,
                              resume=True, run_config=dict(max_steps=180, lr=2e-2),
                              progress=False)
+
+
+def test_a_run_killed_in_its_last_writes_is_repaired_on_resume(recordings, tmp_path):
+    kwargs = dict(eval_stream=stream(recordings[1]), eval_every=4, out_dir=tmp_path,
+                  progress=False)
+    done = trainer().fit_stream(stream(recordings[0]), **kwargs)
+    metrics, curve = (tmp_path / METRICS_NAME).read_bytes(), (tmp_path / CURVE_NAME).read_bytes()
+    # killed after its last checkpoint: metrics.json is the one written before, no curve yet
+    (tmp_path / METRICS_NAME).write_text(json.dumps(dict(json.loads(metrics), finished=False)))
+    (tmp_path / CURVE_NAME).unlink()
+    assert trainer().fit_stream(stream(recordings[0]), resume=True, **kwargs) == done
+    assert (tmp_path / METRICS_NAME).read_bytes() == metrics
+    assert (tmp_path / CURVE_NAME).read_bytes() == curve
+
+
+def test_metrics_json_is_written_last_and_a_removed_run_directory_is_said_so(
+        recordings, tmp_path, monkeypatch):
+    written = []
+    for name in ('write_metrics', 'write_curve'):
+        write = getattr(logs, name)
+        monkeypatch.setattr(logs, name, lambda *a, _w=write, _n=name, **k: (
+            written.append(_n), _w(*a, **k))[1])
+    trainer().fit_stream(stream(recordings[0]), eval_stream=stream(recordings[1]),
+                         eval_every=4, out_dir=tmp_path / 'a', progress=False)
+    assert written[-2:] == ['write_curve', 'write_metrics'] and len(written) >= 6
+    assert all(b == 'write_metrics' for a, b in zip(written, written[1:]) if a == 'write_curve')
+
+    class Removed(EventStream):     # the run directory is removed before chunk 3
+        def __iter__(self):
+            for i, chunk in enumerate(super().__iter__()):
+                if i == 3:
+                    (tmp_path / 'b').rename(tmp_path / 'gone')
+                yield chunk
+    with pytest.raises(run_dir.RunDirectoryLostError, match='was removed or replaced'):
+        trainer().fit_stream(stream(recordings[0], Removed), out_dir=tmp_path / 'b',
+                             checkpoint_every=2, progress=False)
+    assert not (tmp_path / 'b').exists()
 
 
 def test_a_trainer_that_streamed_is_freed(recordings):
