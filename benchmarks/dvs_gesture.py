@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ def _worker(layout: str, algorithm: str, T: int, repeats: int) -> dict:
     import jax
 
     import braintrace_conv as bc
+    from braintrace_conv._memory import peak_rss_mib
     from workloads import DVS_TAU, cross_entropy as loss_fn, make_dvs_data, make_dvs_model
 
     model = make_dvs_model(layout)
@@ -72,7 +72,7 @@ def _worker(layout: str, algorithm: str, T: int, repeats: int) -> dict:
                 xla_temp_mib=memory.temp_size_in_bytes / 2**20, xla_total_mib=xla_total / 2**20,
                 device_peak_mib=(stats['peak_bytes_in_use'] / 2**20
                                  if 'peak_bytes_in_use' in stats else None),
-                peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                peak_rss_mib=peak_rss_mib(),
                 trace_mib=learner.report().trace_bytes / 2**20, loss=float(loss))
 
 

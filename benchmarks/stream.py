@@ -38,7 +38,6 @@ import glob
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -357,12 +356,12 @@ def main(argv=None) -> int:
             if predicted['predicted_mib'] <= args.bptt_budget_gib * 1024:
                 results.append(_child([*common, '--child', 'bptt:bptt']))
             print(json.dumps(results[-1]), file=sys.stderr)
+    from braintrace_conv._memory import peak_rss_mib
     load = os.getloadavg()
     write_results(args.json or default_path('stream'), workload=args.workload,
                   steps=args.steps, part=args.part, recording=events, results=results,
                   machine=dict(load_average=[round(v, 2) for v in load],
-                               peak_rss_parent_mib=resource.getrusage(
-                                   resource.RUSAGE_SELF).ru_maxrss / 1024))
+                               peak_rss_parent_mib=peak_rss_mib()))
     if args.part == 'memory':
         print(table([args.json or default_path('stream')]))
     return 0

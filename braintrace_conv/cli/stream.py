@@ -22,13 +22,13 @@ import argparse
 import contextlib
 import math
 import os
-import resource
 import time
 from pathlib import Path
 
 import brainstate
 
 from .. import ES_D_RTRL
+from .._memory import peak_rss_mib
 from ..data import EventStream, Recording, read_segments
 from ..models import recurrent_conv_snn
 from ..training import Trainer, checkpoint, logs, run_dir
@@ -231,7 +231,7 @@ def _fit(run, usage: str, start: float, trainer: Trainer, train, held) -> int:
     except KeyboardInterrupt:
         raise Interrupted(_interrupted(run)) from None
     wall = time.perf_counter() - start
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = peak_rss_mib()
     with run_dir.locked(run.out):
         logs.write_metrics(run.out, dict(result, **dict(zip(SUMMARY, (wall, peak_mb)))))
     print(_end_line(result, wall, peak_mb))

@@ -4,11 +4,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import resource
 import time
 import warnings
 
 from .. import ES_D_RTRL
+from .._memory import peak_rss_mib
 from .._validation import ArgumentError
 from ..training import Trainer, checkpoint, run_dir
 from ..training._fit import hold
@@ -139,7 +139,7 @@ def _fit(run, usage: str, start: float, trainer: Trainer, train_set, test_set) -
     except KeyboardInterrupt:
         raise Interrupted(_interrupted(run, trainer)) from None
     wall = time.perf_counter() - start
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = peak_rss_mib()
     summary = dict(zip(SUMMARY, (run.task, wall, peak_mb, len(train_set), len(test_set))))
     metrics = trainer.write_logs(run.out, **summary)
     if trainer.updates and trainer.skipped_updates == trainer.updates:
