@@ -38,7 +38,7 @@ from .build import _learner, optimizer
 from .options import STREAM_OPTIONS, flag, given, stored_options
 from .parser import Interrupted, UsageError, usage_error
 from .resolve import check_values, devices, option_list, refuse_without_effect
-from .train import _out_error
+from .train import _out_error, _remove_new_run
 
 __all__ = ['stream', 'SUMMARY']
 
@@ -238,20 +238,14 @@ def _fit(run, usage: str, start: float, trainer: Trainer, train, held) -> int:
     return 0
 
 
-def _remove_new_run(run) -> None:
-    """After a new run failed before its first checkpoint, remove the files it wrote."""
-    if not run.resume and not (run.out / run_dir.LAST_CHECKPOINT).exists():
-        with contextlib.suppress(OSError):
-            run_dir.create(run.out, overwrite=True)
-
-
 def _interrupted(run) -> str:
     """What an interruption kept, and how to go on."""
     if (run.out / run_dir.LAST_CHECKPOINT).exists():
         return (f'the run is saved in {run.out} up to its last checkpoint; rerun with --resume '
                 f'and the same options to continue from there')
-    _remove_new_run(run)
-    return 'no checkpoint was written, and nothing was kept'
+    if _remove_new_run(run):
+        return 'no checkpoint was written, and nothing was kept'
+    return 'no checkpoint was written; rerun with --overwrite to start again'
 
 
 def _seconds(steps: int, dt_us: int) -> str:

@@ -143,6 +143,33 @@ def test_a_run_killed_in_its_last_writes_is_repaired_on_resume(gestures, tmp_pat
     assert 'is already finished (40 steps); nothing to do' in capsys.readouterr().out
 
 
+@pytest.mark.parametrize('removable, hint', [
+    (True, 'no checkpoint was written, and nothing was kept'),
+    (False, 'no checkpoint was written; rerun with --overwrite to start again'),
+])
+def test_an_interrupt_before_the_first_checkpoint_says_what_was_kept(
+        gestures, tmp_path, capsys, monkeypatch, removable, hint):
+    from braintrace_conv.training import Trainer, run_dir
+
+    def interrupted(self, stream, *, out_dir, **kwargs):
+        (out_dir / SCALARS_NAME).write_text('chunk\n')
+        raise KeyboardInterrupt
+
+    def unremovable(directory, *, overwrite, create=run_dir.create):
+        if overwrite:       # removing the run's files
+            raise PermissionError(13, 'Permission denied', str(directory))
+        return create(directory, overwrite=overwrite)
+
+    monkeypatch.setattr(Trainer, 'fit_stream', interrupted)
+    if not removable:
+        monkeypatch.setattr(run_dir, 'create', unremovable)
+    out = tmp_path / 'run'
+    assert main(['stream', '--recordings', *gestures[0], *SENSOR, *TINY, '--out',
+                 str(out)]) == 130
+    assert capsys.readouterr().err == f'braintrace-conv: interrupted; {hint}\n'
+    assert out.exists() != removable
+
+
 # ----------------------------------------------------------------------------- kill and resume
 def run_cli(files, out, *extra):
     argv = ['stream', '--recordings', *files, *SENSOR, *TINY, '--dt-us', '5000',
