@@ -33,6 +33,7 @@ from ..data import EventStream, Recording, read_segments
 from ..models import recurrent_conv_snn
 from ..training import Trainer, checkpoint, logs, run_dir
 from ..training._fit import hold
+from ..training.stream import planned_steps
 from ..training.stream_state import StreamRun, lagging, run_differences
 from .build import _learner, optimizer
 from .options import STREAM_OPTIONS, flag, given, stored_options
@@ -139,8 +140,7 @@ def _streams(run, usage: str) -> tuple:
 
 def _trainer(run, stream: EventStream, usage: str) -> Trainer:
     """The model, learner and trainer of the run; updates planned over its steps."""
-    steps = stream.num_steps if run.max_steps is None else (
-        run.max_steps if stream.num_steps is None else min(run.max_steps, stream.num_steps))
+    steps = planned_steps(stream, run.max_steps)
     try:
         brainstate.random.seed(run.seed)
         model = recurrent_conv_snn(stream.frame_shape, run.num_classes, channels=run.channels,

@@ -63,14 +63,7 @@ def check_arguments(trainer, train_dataset, eval_dataset, *, epochs, batch_size,
     seed, log_every = non_negative('seed', seed), positive('log_every', log_every)
     eval_batch_size = (batch_size if eval_batch_size is None
                        else positive('eval_batch_size', eval_batch_size))
-    run_config = {} if run_config is None else run_config
-    try:
-        run_config = json.loads(json.dumps(run_config))
-    except (TypeError, ValueError) as err:
-        raise TypeError(f'run_config must be a JSON-able dict, got {run_config!r}: '
-                        f'{err}') from None
-    if not isinstance(run_config, dict):
-        raise TypeError(f'run_config must be a dict, got {type(run_config).__name__}.')
+    run_config = _json_dict('run_config', run_config)
     trainer._check_dataset('train_dataset', train_dataset)
     at_most('batch_size', batch_size, len(train_dataset.labels), 'training_samples',
             names={'training_samples': 'the number of training samples'})
@@ -85,6 +78,18 @@ def check_arguments(trainer, train_dataset, eval_dataset, *, epochs, batch_size,
                          'the data fingerprints).')
     return _Arguments(epochs, batch_size, seed, eval_batch_size, run_config, log_every,
                       verify_data)
+
+
+def _json_dict(name: str, value: Optional[dict]) -> dict:
+    """``value`` (``None``: ``{}``) as JSON reads it back, checked to be a dict."""
+    value = {} if value is None else value
+    try:
+        value = json.loads(json.dumps(value))
+    except (TypeError, ValueError) as err:
+        raise TypeError(f'{name} must be a JSON-able dict, got {value!r}: {err}') from None
+    if not isinstance(value, dict):
+        raise TypeError(f'{name} must be a dict, got {type(value).__name__}.')
+    return value
 
 
 def fit(trainer, train_dataset, *, epochs: int, batch_size: int, seed: int, eval_dataset,

@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import time
 from pathlib import Path
@@ -58,7 +57,7 @@ from .._validation import ArgumentError, at_most, optional, positive, non_negati
 from ..data import EventStream
 from ..executors import BPTT
 from . import logs, placement, run_dir
-from ._fit import _bar_shown, _repair_run, _save_run, hold
+from ._fit import _bar_shown, _json_dict, _repair_run, _save_run, hold
 from .loss import weighted_cross_entropy
 from .spikes import split_output
 from .stream_metrics import MetricTotals, StreamMetrics
@@ -122,9 +121,9 @@ def _check_stream(trainer, name: str, stream) -> None:
                                        stream.batch_size)
 
 
-def check_arguments(trainer, stream, eval_stream, *, max_steps, eval_every, checkpoint_every,
-                    log_every, settle_steps, out_dir, resume, overwrite,
-                    run_config) -> _Arguments:
+def _check_arguments(trainer, stream, eval_stream, *, max_steps, eval_every,
+                     checkpoint_every, log_every, settle_steps, out_dir, resume, overwrite,
+                     run_config) -> _Arguments:
     """The arguments of :func:`fit_stream`, checked with the streams; changes nothing."""
     _check_stream(trainer, 'stream', stream)
     _check_trainer(trainer, stream)
@@ -149,17 +148,6 @@ def check_arguments(trainer, stream, eval_stream, *, max_steps, eval_every, chec
     if out_dir is None and (resume or overwrite):
         raise ValueError('resume and overwrite need out_dir (the run directory).')
     return args
-
-
-def _json_dict(name: str, value) -> dict:
-    value = {} if value is None else value
-    try:
-        value = json.loads(json.dumps(value))
-    except (TypeError, ValueError) as err:
-        raise TypeError(f'{name} must be a JSON-able dict, got {value!r}: {err}') from None
-    if not isinstance(value, dict):
-        raise TypeError(f'{name} must be a dict, got {type(value).__name__}.')
-    return value
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -408,6 +396,14 @@ def _write_logs(trainer, run: StreamRun, out_dir: Path) -> None:
         logs.write_metrics(out_dir, summary(trainer, run))
 
 
+def planned_steps(stream, max_steps: Optional[int]) -> Optional[int]:
+    """The steps a run played until ``max_steps`` (``None``: until ``stream`` ends) plays
+    of each stream: ``None`` for an endless stream and no ``max_steps``."""
+    if max_steps is None or stream.num_steps is None:
+        return stream.num_steps if max_steps is None else max_steps
+    return min(stream.num_steps, max_steps)
+
+
 def _line(record: dict, steps_per_s: float, events_per_s: float) -> str:
     """The line printed after an evaluation."""
     percent = lambda v: '-' if v is None else f'{v:.1%}'
@@ -441,10 +437,10 @@ def fit_stream(trainer, stream, *, eval_stream=None, eval_every: Optional[int] =
                checkpoint_every: Optional[int] = None, log_every: int = 10,
                tensorboard: Optional[bool] = None, progress: bool = True) -> dict:
     """:meth:`Trainer.fit_stream <braintrace_conv.training.Trainer.fit_stream>`."""
-    args = check_arguments(trainer, stream, eval_stream, max_steps=max_steps,
-                           eval_every=eval_every, checkpoint_every=checkpoint_every,
-                           log_every=log_every, settle_steps=settle_steps, out_dir=out_dir,
-                           resume=resume, overwrite=overwrite, run_config=run_config)
+    args = _check_arguments(trainer, stream, eval_stream, max_steps=max_steps,
+                            eval_every=eval_every, checkpoint_every=checkpoint_every,
+                            log_every=log_every, settle_steps=settle_steps, out_dir=out_dir,
+                            resume=resume, overwrite=overwrite, run_config=run_config)
     fit_config = dict(eval_stream=stream_config(eval_stream), eval_every=args.eval_every,
                       settle_steps=args.settle_steps)
     with contextlib.ExitStack() as stack:
@@ -473,9 +469,7 @@ def fit_stream(trainer, stream, *, eval_stream=None, eval_every: Optional[int] =
                                  columns=STREAM_COLUMNS)
             stack.callback(log.close)
         if not run.finished:
-            total = stream.num_steps if args.max_steps is None else (
-                args.max_steps if stream.num_steps is None else min(stream.num_steps,
-                                                                     args.max_steps))
+            total = planned_steps(stream, args.max_steps)
             shown = progress and trainer._writer
             with tqdm(total=total, initial=run.steps, unit='step', unit_scale=True,
                       disable=not (shown and _bar_shown()), leave=False) as bar:
