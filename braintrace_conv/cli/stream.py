@@ -90,25 +90,29 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
                                                                files, segments, usage)]
             values[files] = [str(p) for p in paths]
     if values['num_classes'] is None:
-        values['num_classes'] = _classes(values, usage)
+        values['num_classes'] = _classes(values, given_names, usage)
     values['devices'] = devices(values['devices'], usage)
     if values['out'] is None:
         values['out'] = Path('runs') / f'stream-{values["algorithm"]}'
     return argparse.Namespace(**values)
 
 
-def _classes(values: dict, usage: str) -> int:
+def _classes(values: dict, given_names: list, usage: str) -> int:
     """The number of classes the segments files name: their largest label, plus one."""
-    largest = -1
-    for option in ('segments', 'held_out_segments'):
-        for path in values[option] or ():
+    largest, named = -1, []
+    for files, segments in (('recordings', 'segments'), ('held_out', 'held_out_segments')):
+        # the files the user named, or those found beside the event files
+        option = segments if segments in given_names else files
+        named += [flag(option)] if values[segments] else []
+        for path in values[segments] or ():
             try:
                 largest = max(largest, int(read_segments(path).labels.max(initial=-1)))
             except (OSError, ValueError) as error:
                 raise UsageError(f'{flag(option)}: {error}', usage) from None
     if largest < 0:
-        raise UsageError('--recordings: their segments files label no segment; give '
-                         'segments, or --num-classes', usage)
+        raise UsageError(f'{" and ".join(named)}: the segments files label no segment, so the '
+                         f'number of classes is unknown; give segments files that label the '
+                         f'recordings, or --num-classes', usage)
     return largest + 1
 
 

@@ -71,7 +71,8 @@ def check_arguments(trainer, train_dataset, eval_dataset, *, epochs, batch_size,
     if eval_dataset is not None:
         trainer._check_dataset('eval_dataset', eval_dataset)
     if out_dir is None and (resume or overwrite):
-        raise ValueError('resume and overwrite need out_dir (the run directory).')
+        raise ValueError(f'{"resume" if resume else "overwrite"} needs out_dir (the run '
+                         f'directory to {"continue" if resume else "replace"}).')
     verify_data = boolean('verify_data', verify_data)
     if verify_data and out_dir is None:
         raise ValueError('verify_data needs out_dir (the run directory whose checkpoints hold '

@@ -152,8 +152,10 @@ class ScalarLog:
         return kept
 
     def log(self, update: int, **scalars) -> None:
-        """Append one row: ``update``, the number of updates so far (the first column,
-        ``step``), and the other columns."""
+        """Append one row: ``update`` in the first column (what ``start_update`` counts:
+        the updates so far, ``step``, for :meth:`Trainer.fit
+        <braintrace_conv.training.Trainer.fit>`; the chunks played, ``chunk``, for a
+        stream), and the other columns."""
         row = dict(scalars, **{self.columns[0]: update})
         try:
             self._csv.writerow([row[c] for c in self.columns])

@@ -4,7 +4,7 @@ r"""Training on a stream: one long sequence, or ``B`` of them, never cut into sa
 :class:`~braintrace_conv.data.EventStream` chunk by chunk through the learner's
 :meth:`~braintrace_conv.executors.Learner.advance`:
 
-* **Updates.** One optimiser update per chunk of ``K = stream.chunk_steps`` steps, from
+* **Updates.** One optimiser update per chunk of ``T = stream.chunk_steps`` steps, from
   the gradient of the chunk's loss :math:`\sum_t \frac1B \sum_b w_{t,b}\,
   \mathrm{CE}(s_{t,b}, y_{t,b})` (the weights are 1 inside a labelled segment, 0
   outside: :func:`~braintrace_conv.training.loss.weighted_cross_entropy`); a chunk
@@ -13,7 +13,7 @@ r"""Training on a stream: one long sequence, or ``B`` of them, never cut into sa
   recordings: nothing is reset after :meth:`~braintrace_conv.executors.Learner.reset`
   at the start. With :class:`~braintrace_conv.BPTT` this is *truncated* BPTT: the state
   carries across chunks, the gradient is cut at every chunk boundary (the baseline the
-  online rules are compared with). An online executor's ``window`` may not exceed ``K``
+  online rules are compared with). An online executor's ``window`` may not exceed ``T``
   (a window never spans two chunks).
 * **Metrics.** Loss, step accuracy and segment accuracy (the majority of the per-step
   predictions over each segment; :mod:`~braintrace_conv.training.stream_metrics`),
@@ -98,8 +98,8 @@ def _check_trainer(trainer, stream) -> None:
                             'the firing-rate regulariser is a function of a whole sequence')
     if trainer.update_every not in (None, stream.chunk_steps):
         raise ArgumentError('update_every', trainer.update_every,
-                            'be None or the chunk length of the stream ({chunk_steps}, '
-                            f'{stream.chunk_steps})', 'a stream is updated once per chunk',
+                            f"be None or the stream's {{chunk_steps}} ({stream.chunk_steps})",
+                            'a stream is updated once per chunk',
                             refs=('chunk_steps',))
     window = getattr(trainer.learner, 'window', None)
     if window is not None:
@@ -146,7 +146,8 @@ def _check_arguments(trainer, stream, eval_stream, *, max_steps, eval_every,
         raise ArgumentError('max_steps', None, 'be set for a stream with loop=True and an '
                             'out_dir', 'the run would never end, and never be finished')
     if out_dir is None and (resume or overwrite):
-        raise ValueError('resume and overwrite need out_dir (the run directory).')
+        raise ValueError(f'{"resume" if resume else "overwrite"} needs out_dir (the run '
+                         f'directory to {"continue" if resume else "replace"}).')
     return args
 
 
@@ -165,7 +166,8 @@ def _hidden_kept(model):
 
 
 def _scores_loss(scores, labels, weights) -> float:
-    """``sum_{t,b} w CE`` of a chunk's scores ``(T, B, K)`` on the host."""
+    """``sum_{t,b} w CE`` of a chunk's class scores ``(T, B, num_classes)`` on the
+    host."""
     z = np.asarray(scores, np.float64)
     z = z - z.max(axis=-1, keepdims=True)
     log_p = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))

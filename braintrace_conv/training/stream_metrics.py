@@ -12,7 +12,7 @@ each step, :class:`StreamMetrics` keeps
 * the **segment accuracy**: each segment is decided by the majority of the per-step
   predictions over its steps, leaving out its first ``settle_steps`` (the network has
   seen too little of the segment there; ties go to the lower class), and is right when
-  that majority is its label. A segment shorter than ``settle_steps`` is not decided (it
+  that majority is its label. A segment no longer than ``settle_steps`` is not decided (it
   is counted in ``undecided``). A segment is decided when its stream leaves it (or
   when :meth:`StreamMetrics.finish` ends the stream).
 
@@ -42,7 +42,7 @@ class MetricTotals:
     correct_steps: int = 0      # labelled steps predicted right
     segments: int = 0           # segments decided
     correct_segments: int = 0   # ... and right
-    undecided: int = 0          # segments shorter than settle_steps
+    undecided: int = 0          # segments no longer than settle_steps
     steps: int = 0              # steps of the B streams (labelled or not)
 
     def summary(self) -> dict:
@@ -164,10 +164,12 @@ class StreamMetrics:
             metrics.period = MetricTotals(**state['period'])
             opened = [None if s is None else _Open(**s) for s in state['open']]
         except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f'the saved stream metrics are not valid: {err}') from None
+            raise ValueError(f'state must be the saved stream metrics that '
+                             f'StreamMetrics.state returns; {err}') from None
         if len(opened) != metrics.batch_size or any(
                 s is not None and len(s.votes) != metrics.num_classes for s in opened):
-            raise ValueError(f'the saved stream metrics hold {len(opened)} open segments for '
-                             f'{metrics.batch_size} streams of {metrics.num_classes} classes.')
+            raise ValueError(f'state must hold one open segment per stream, with one vote per '
+                             f'class ({metrics.batch_size} streams, {metrics.num_classes} '
+                             f'classes), got {len(opened)} segments.')
         metrics._open = opened
         return metrics

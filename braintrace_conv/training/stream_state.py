@@ -80,13 +80,17 @@ class StreamRun:
                       bool(saved['finished']), bool(saved['ended']))
             MetricTotals(**run.row)
         except (KeyError, TypeError, ValueError) as err:
-            raise checkpoint.CheckpointError(f'{path} has an invalid stream entry: '
-                                             f'{err}') from None
+            raise checkpoint.CheckpointError(f'the stream entry of {path} must hold a stream '
+                                             f'run\'s state ({_FORMAT}); {err}') from None
         return run
 
 
 def snapshot(trainer, run: StreamRun) -> tuple:
-    """``(arrays, metadata)`` of a checkpoint of a stream run."""
+    """``(arrays, metadata)`` of a checkpoint of a stream run: the trainer's
+    (:func:`~.state.snapshot`) with the leaves of the learner's carry as arrays
+    ``carry/0``, ``carry/1``, ... (:meth:`~braintrace_conv.executors.Learner.online_state`)
+    and the metadata key ``stream``: :meth:`StreamRun.state` with the carry's batch size
+    (``carry_batch``) and number of leaves (``carry_leaves``)."""
     arrays, meta = state.snapshot(trainer)
     carry = trainer.learner.online_state()
     for i, leaf in enumerate(carry['leaves']):
@@ -113,7 +117,25 @@ def restore(trainer, path: Path, expected: dict, stream, eval_stream,
             max_steps: Optional[int]) -> StreamRun:
     """Continue the stream run saved at ``path`` until it has played ``max_steps``:
     everything is checked (the trainer's state by :func:`~.state.restore`, the streams'
-    arguments by the position) before the trainer and the learner change."""
+    arguments by the position) before the trainer and the learner change.
+
+    Args:
+      trainer: The trainer restored, with its learner's carry.
+      path: The checkpoint.
+      expected: What its metadata must hold: ``{'trainer': Trainer.config(), 'run': the
+        run options, 'fit': fit_stream's settings}``; the run options may differ in
+        ``max_steps`` (:func:`run_differences`).
+      stream: The training stream, sought to the checkpoint's position.
+      eval_stream: The held-out stream, which must be the one the run was evaluated on.
+      max_steps: The length of the run being played.
+
+    Raises:
+      FileNotFoundError: No file at ``path``.
+      CheckpointError: The file is no checkpoint of a stream run, lacks the learner's
+        carry, does not continue ``stream``, or does not fit ``trainer``.
+      ConfigMismatchError: Its settings, run options or held-out stream differ from
+        ``expected`` and ``eval_stream`` (a ``CheckpointError``).
+    """
     arrays, meta = checkpoint.read(path)
     run = StreamRun.from_state(meta.get('stream'), path)
     count, batch = (meta['stream'].get(k) for k in ('carry_leaves', 'carry_batch'))

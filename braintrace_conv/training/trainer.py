@@ -392,7 +392,7 @@ class Trainer:
         if grads is None:
             what = ('non-finite loss' if not np.isfinite(float(loss))
                     else 'non-finite derivative of the loss with respect to the outputs')
-            return self._refuse_update(what, f'epoch {self.epoch + 1}')
+            return self._refuse_update(what, f'epoch {self.epoch + 1}', stacklevel=3)
         params, opt_state, ok, finite_grads = self._update(
             grads, self.opt_state, self._view.mantissas(), jnp.asarray(loss))
         if bool(ok):
@@ -411,9 +411,11 @@ class Trainer:
                 else 'the update would make parameters non-finite')
         return self._refuse_update(what, when)
 
-    def _refuse_update(self, what: str, when: str) -> bool:
+    def _refuse_update(self, what: str, when: str, stacklevel: int = 4) -> bool:
         """An update not applied because of ``what``: raised or skipped (``nonfinite``);
-        ``when`` says where in the run it was (``'epoch 3'``). False: not applied."""
+        ``when`` says where in the run it was (``'epoch 3'``). False: not applied. The
+        warning names the frame ``stacklevel`` (counted from here: the default is the
+        caller of :meth:`_apply` through :meth:`_not_applied`)."""
         if self.nonfinite == 'raise':
             raise FloatingPointError(
                 f'update {self.updates + 1} ({when}): {what}; parameters and '
@@ -423,7 +425,7 @@ class Trainer:
         self.skipped_updates += 1
         warnings.warn(f'skipped an optimiser update: {what}; parameters and optimiser state '
                       f'are unchanged (Trainer.skipped_updates counts them).', RuntimeWarning,
-                      stacklevel=4)
+                      stacklevel=stacklevel)
         return False
 
     def apply_gradients(self, grads: dict) -> bool:
@@ -682,8 +684,8 @@ class Trainer:
 
         Args:
           stream (EventStream): The training stream, from its start (or, with ``resume``,
-            from the checkpoint's position): frames ``(K, B, *frame_shape)`` and per-step
-            labels and weights ``(K, B)``.
+            from the checkpoint's position): frames ``(T, B, *frame_shape)`` (``T``: its
+            ``chunk_steps``) and per-step labels and weights ``(T, B)``.
           eval_stream (EventStream): Held-out recordings, evaluated every ``eval_every``
             chunks and at the end (:meth:`evaluate_stream`).
           eval_every: Chunks between evaluations; ``None``: at the end only.
@@ -727,6 +729,12 @@ class Trainer:
         (an :class:`~braintrace_conv.data.EventStream`, played from its start with fresh
         hidden states; :mod:`~braintrace_conv.training.stream_metrics`). The model's hidden
         states and an online run of the learner are left as they were.
+
+        Args:
+          stream (EventStream): The held-out stream.
+          settle_steps: Steps at the start of each segment that do not vote for its
+            prediction; a segment no longer than that is undecided
+            (:mod:`~braintrace_conv.training.stream_metrics`).
 
         Returns:
           dict: ``loss`` (per labelled step), ``step_accuracy``, ``segment_accuracy``

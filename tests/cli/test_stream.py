@@ -89,6 +89,17 @@ def test_a_recording_without_its_segments_beside_it_is_named(tmp_path, capsys):
             r'user01_synthetic_labels.csv beside it; name the segments files with --segments')
 
 
+def test_segments_that_label_nothing_are_named_by_the_option_that_found_them(tmp_path, capsys):
+    (tmp_path / 'empty').mkdir()
+    events = write(tmp_path / 'empty', 1, 2)[0]
+    (tmp_path / 'empty' / 'user01_synthetic_labels.csv').write_text(
+        'class,startTime_usec,endTime_usec\n')
+    refused(tmp_path, capsys, ['stream', '--recordings', events, *SENSOR, *TINY],
+            r'error: --recordings: the segments files label no segment, so the number of '
+            r'classes is unknown; give segments files that label the recordings, or '
+            r'--num-classes$')
+
+
 def test_resuming_with_other_options_is_refused_naming_them(gestures, tmp_path, capsys):
     out = tmp_path / 'run'
     argv = ['stream', '--recordings', *gestures[0], *SENSOR, *TINY, '--max-steps', '40', '--out',

@@ -238,11 +238,15 @@ def test_windows_work_on_a_stream_and_may_not_span_two_chunks(recordings):
 @pytest.mark.parametrize('make, call, match', [
     (lambda: trainer(loss='final'), {}, "loss must be 'every_step' to learn from a stream"),
     (lambda: trainer(update_every=5), {},
-     r'update_every must be None or the chunk length of the stream \(chunk_steps, 20\)'),
+     r"update_every must be None or the stream's chunk_steps \(20\), got 5; a stream is "
+     r'updated once per chunk'),
     (lambda: trainer(), dict(eval_every=2), 'eval_every must be None without eval_stream'),
     (lambda: trainer(), dict(max_steps=0),
      r'max_steps must be None \(until the stream ends\) or a positive integer, got 0'),
-    (lambda: trainer(), dict(resume=True), 'resume and overwrite need out_dir'),
+    (lambda: trainer(), dict(resume=True),
+     r'resume needs out_dir \(the run directory to continue\)'),
+    (lambda: trainer(), dict(overwrite=True),
+     r'overwrite needs out_dir \(the run directory to replace\)'),
     (lambda: Trainer(bc.ES_D_RTRL(model()), None), {}, 'fit_stream needs an optimizer'),
 ])
 def test_what_cannot_be_learned_from_a_stream_is_refused(recordings, make, call, match):

@@ -73,7 +73,10 @@ def test_the_state_continues_exactly_and_is_json():
 def test_a_saved_state_that_does_not_fit_is_refused():
     state = StreamMetrics(2, 3).state()
     state['open'] = [None]
-    with pytest.raises(ValueError, match='hold 1 open segments for 2 streams of 3 classes'):
+    with pytest.raises(ValueError, match=r'state must hold one open segment per stream, with '
+                                         r'one vote per class \(2 streams, 3 classes\), got 1 '
+                                         r'segments'):
         StreamMetrics.from_state(state)
-    with pytest.raises(ValueError, match='saved stream metrics are not valid'):
+    with pytest.raises(ValueError, match='state must be the saved stream metrics that '
+                                         'StreamMetrics.state returns'):
         StreamMetrics.from_state({'batch_size': 2})
