@@ -177,6 +177,27 @@ class LinearLeaky(brainstate.nn.Module):
         return self.h.value
 
 
+class LeakyDense(brainstate.nn.Module):
+    """A leaky dense layer of 3 units on 4 inputs, with a tanh output."""
+
+    def __init__(self):
+        super().__init__()
+        self.W = brainstate.ParamState(jnp.asarray(np.random.default_rng(0).normal(size=(4, 3))))
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 3)))
+
+    def update(self, x):
+        self.h.value = 0.9 * self.h.value + bc.dense(x, self.W.value)
+        return jnp.tanh(self.h.value)
+
+
+def leaky_dense_data(T=5, B=2):
+    """Inputs ``(T, B, 4)`` and labels ``(T, B)`` of 3 classes for :class:`LeakyDense`."""
+    rng = np.random.default_rng(1)
+    return jnp.asarray(rng.normal(size=(T, B, 4))), jnp.asarray(rng.integers(0, 3, (T, B)))
+
+
 # ----------------------------------------------------------------------------- user-style layers
 class OneLayer(brainstate.nn.Module):
     """conv (+bias) -> a neuron written in one of several user styles -> dense readout."""

@@ -14,7 +14,8 @@ import braintrace_conv as bc
 from braintrace_conv.models import recurrent_conv_snn
 from braintrace_conv.primitive import register_primitive
 from snn_reference import rel_err, xent
-from user_models import TwoVariable, TypedLayer, assert_matches_bptt, sin_loss
+from user_models import (LeakyDense, TwoVariable, TypedLayer, assert_matches_bptt, leaky_dense_data,
+                         sin_loss)
 
 pytestmark = pytest.mark.usefixtures('float64')
 
@@ -27,27 +28,10 @@ def traced_xent(out, label):
     return xent(out, label)
 
 
-class Tiny(brainstate.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.W = brainstate.ParamState(jnp.asarray(np.random.default_rng(0).normal(size=(4, 3))))
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 3)))
-
-    def update(self, x):
-        self.h.value = 0.9 * self.h.value + bc.dense(x, self.W.value)
-        return jnp.tanh(self.h.value)
-
-
-def data(T=5, B=2):
-    rng = np.random.default_rng(1)
-    return jnp.asarray(rng.normal(size=(T, B, 4))), jnp.asarray(rng.integers(0, 3, (T, B)))
-
 
 @pytest.mark.parametrize('make', [bc.BPTT, bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, 0.9)])
 def test_a_loss_function_written_again_at_every_call_compiles_once(make):
-    learner, (xs, ys) = make(Tiny()), data()
+    learner, (xs, ys) = make(LeakyDense()), leaky_dense_data()
     call = lambda: learner.value_and_grad(lambda o, t: traced_xent(o, t), xs, ys)[0]
     TRACED.clear()
     losses = [call()]
@@ -59,7 +43,7 @@ def test_a_loss_function_written_again_at_every_call_compiles_once(make):
 
 def test_a_changed_captured_value_is_a_new_program():
     global SCALE
-    learner, (xs, ys) = bc.D_RTRL(Tiny()), data()
+    learner, (xs, ys) = bc.D_RTRL(LeakyDense()), leaky_dense_data()
     scaled = lambda factor: learner.value_and_grad(lambda o, t: factor * xent(o, t), xs, ys)[0]
     reads_global = lambda: learner.value_and_grad(lambda o, t: SCALE * xent(o, t), xs, ys)[0]
     with pytest.warns(UserWarning, match='compiles again'):    # the value changed: said once
@@ -73,7 +57,7 @@ def test_a_changed_captured_value_is_a_new_program():
 
 
 def test_a_loss_capturing_an_array_compiles_per_object_and_warns_once():
-    learner, (xs, ys) = bc.ES_D_RTRL(Tiny(), 0.9), data()
+    learner, (xs, ys) = bc.ES_D_RTRL(LeakyDense(), 0.9), leaky_dense_data()
     weight = jnp.ones(())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
@@ -86,11 +70,11 @@ def test_a_loss_capturing_an_array_compiles_per_object_and_warns_once():
 
 @pytest.mark.parametrize('make', [bc.BPTT, bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, 0.9)])
 def test_a_nan_input_is_refused_naming_its_time_step(make):
-    xs, ys = data(T=6)
+    xs, ys = leaky_dense_data(T=6)
     xs = xs.at[3, 1, 2].set(jnp.nan)
     with pytest.raises(ValueError, match=r'xs must be finite, got nan at t=3, b=1'):
-        make(Tiny()).value_and_grad(xent, xs, ys)
-    learner = make(Tiny())
+        make(LeakyDense()).value_and_grad(xent, xs, ys)
+    learner = make(LeakyDense())
     learner.reset(2)
     with pytest.raises(ValueError, match=r'got nan at t=3.*check_finite=False'):
         learner.advance(xent, xs, ys)
@@ -99,31 +83,31 @@ def test_a_nan_input_is_refused_naming_its_time_step(make):
 
 
 def test_non_finite_targets_are_refused_and_the_check_can_be_turned_off():
-    xs, ys = data(T=4)
+    xs, ys = leaky_dense_data(T=4)
     regression = jnp.zeros((4, 2, 3)).at[2, 0, 0].set(jnp.inf)
     squared = lambda out, target: jnp.sum((out - target) ** 2)
     with pytest.raises(ValueError, match='targets must be finite, got inf at t=2, b=0'):
-        bc.D_RTRL(Tiny()).value_and_grad(squared, xs, regression)
-    loss, _ = bc.D_RTRL(Tiny(), check_finite=False).value_and_grad(squared, xs, regression)
+        bc.D_RTRL(LeakyDense()).value_and_grad(squared, xs, regression)
+    loss, _ = bc.D_RTRL(LeakyDense(), check_finite=False).value_and_grad(squared, xs, regression)
     assert not np.isfinite(loss)
     with pytest.raises(TypeError, match='check_finite must be True or False, got .yes.'):
-        bc.BPTT(Tiny(), check_finite='yes')
+        bc.BPTT(LeakyDense(), check_finite='yes')
 
 
 @pytest.mark.parametrize('make', [lambda m: bc.D_RTRL(m, window=2), lambda m: bc.ES_D_RTRL(m, 0.9)])
 def test_an_online_run_saved_and_restored_elsewhere_continues_bit_for_bit(make):
-    xs, ys = data(T=9)
+    xs, ys = leaky_dense_data(T=9)
     chunks = [(xs[i:i + 3], ys[i:i + 3]) for i in range(0, 9, 3)]
-    whole = make(Tiny())
+    whole = make(LeakyDense())
     whole.reset(2)
     expected = [whole.advance(xent, *chunk) for chunk in chunks]
 
-    first = make(Tiny())
+    first = make(LeakyDense())
     first.reset(2)
     assert first.online_state() is None
     first.advance(xent, *chunks[0])
     saved = first.online_state()
-    second = make(Tiny())                       # a new learner and model, as after a restart
+    second = make(LeakyDense())                       # a new learner and model, as after a restart
     second.restore_online_state(saved)
     got = [second.advance(xent, *chunk) for chunk in chunks[1:]]
     for (loss, grads), (ref_loss, ref_grads) in zip(got, expected[1:]):
@@ -133,13 +117,13 @@ def test_an_online_run_saved_and_restored_elsewhere_continues_bit_for_bit(make):
 
 
 def test_a_saved_run_of_another_shape_is_refused_naming_both():
-    xs, ys = data(T=3)
-    learner = bc.D_RTRL(Tiny())
+    xs, ys = leaky_dense_data(T=3)
+    learner = bc.D_RTRL(LeakyDense())
     learner.reset(2)
     learner.advance(xent, xs, ys)
     saved = learner.online_state()
     saved['leaves'][0] = saved['leaves'][0][:, :2]
-    other = bc.D_RTRL(Tiny())
+    other = bc.D_RTRL(LeakyDense())
     other.restore_online_state(saved)
     with pytest.raises(ValueError, match='restore_online_state: the saved run holds'):
         other.advance(xent, xs, ys)

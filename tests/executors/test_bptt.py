@@ -1,6 +1,5 @@
 """BPTT (``executors/bptt.py``), the reference executor: against a hand-written
 ``lax.scan`` (float64); driven by ``advance`` it is truncated BPTT, and says so."""
-import brainstate
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +9,7 @@ from jax import lax
 import braintrace_conv as bc
 from braintrace_conv.executors.report import BPTT_METHOD, TRUNCATED_BPTT_METHOD
 from snn_reference import rel_err, xent
-from user_models import TwoVariable, sin_loss
+from user_models import LeakyDense, TwoVariable, leaky_dense_data, sin_loss
 
 pytestmark = pytest.mark.usefixtures('float64')
 
@@ -41,39 +40,20 @@ def test_bptt_executor_equals_hand_written_scan():
         assert rel_err(grads[key], r) < 1e-12
 
 
-class Tiny(brainstate.nn.Module):
-    """A leaky dense layer with a tanh output."""
-
-    def __init__(self):
-        super().__init__()
-        self.W = brainstate.ParamState(jnp.asarray(np.random.default_rng(0).normal(size=(4, 3))))
-
-    def init_state(self, batch_size=None, **kw):
-        self.h = brainstate.HiddenState(jnp.zeros((batch_size, 3)))
-
-    def update(self, x):
-        self.h.value = 0.9 * self.h.value + bc.dense(x, self.W.value)
-        return jnp.tanh(self.h.value)
-
-
-def data(T=5, B=2):
-    rng = np.random.default_rng(1)
-    return jnp.asarray(rng.normal(size=(T, B, 4))), jnp.asarray(rng.integers(0, 3, (T, B)))
-
 
 def test_advance_carries_the_state_and_cuts_the_gradient_at_the_chunk_boundary():
-    xs, ys = data(T=6)
-    online = bc.BPTT(Tiny())
+    xs, ys = leaky_dense_data(T=6)
+    online = bc.BPTT(LeakyDense())
     online.reset(2)
     online.advance(xent, xs[:3], ys[:3])
     _, truncated = online.advance(xent, xs[3:], ys[3:])
     # the same chunk from the carried state, the state held fixed: truncated BPTT
-    reference = bc.BPTT(Tiny())
+    reference = bc.BPTT(LeakyDense())
     reference.value_and_grad(xent, xs[:3], ys[:3])
     _, expected = reference.value_and_grad(xent, xs[3:], ys[3:], reset=False)
     np.testing.assert_allclose(truncated[('W',)], expected[('W',)], rtol=1e-12)
     # ... which is not the gradient of those steps' loss through the whole sequence
-    whole = bc.BPTT(Tiny())
+    whole = bc.BPTT(LeakyDense())
     mask = np.arange(6) >= 3
     _, full = whole.value_and_grad(lambda o, t: xent(o, t[0]) * t[1], xs,
                                    (ys, jnp.asarray(mask, float)))
@@ -81,8 +61,8 @@ def test_advance_carries_the_state_and_cuts_the_gradient_at_the_chunk_boundary()
 
 
 def test_report_says_truncated_after_advance_and_exact_after_a_whole_sequence():
-    xs, ys = data()
-    learner = bc.BPTT(Tiny())
+    xs, ys = leaky_dense_data()
+    learner = bc.BPTT(LeakyDense())
     learner.value_and_grad(xent, xs, ys)
     assert {r['method'] for r in learner.report().rows} == {BPTT_METHOD}
     learner.reset(2)
