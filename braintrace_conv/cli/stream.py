@@ -19,7 +19,6 @@ checkpoint, and ends as the uninterrupted run would have, bit for bit.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import time
@@ -32,14 +31,13 @@ from .._memory import peak_rss_mib
 from ..data import EventStream, Recording, read_segments
 from ..models import recurrent_conv_snn
 from ..training import Trainer, checkpoint, logs, run_dir
-from ..training._fit import hold
 from ..training.stream import planned_steps
 from ..training.stream_state import StreamRun, lagging, run_differences
 from .build import _learner, optimizer
 from .options import STREAM_OPTIONS, flag, given, stored_options
 from .parser import Interrupted, UsageError, usage_error
 from .resolve import check_values, devices, option_list, refuse_without_effect
-from .train import _out_error, _remove_new_run
+from .train import _out_error, _remove_new_run, holding_out
 
 __all__ = ['stream', 'SUMMARY']
 
@@ -200,17 +198,8 @@ def stream(args, usage: str, start: float) -> int:
         return 0
     train, held = _streams(run, usage)
     trainer = _trainer(run, train, usage)
-    try:
-        with contextlib.ExitStack() as stack:
-            try:
-                stack.enter_context(hold(run.out, resume=run.resume, overwrite=run.overwrite))
-            except (OSError, ValueError, run_dir.RunLockedError) as error:
-                raise _out_error(run, error, usage) from None
-            return _fit(run, usage, start, trainer, train, held)
-    finally:
-        if not out_existed:     # a run that wrote nothing leaves no directory behind
-            with contextlib.suppress(OSError):
-                run.out.rmdir()
+    return holding_out(run, usage, out_existed,
+                       lambda: _fit(run, usage, start, trainer, train, held))
 
 
 def _fit(run, usage: str, start: float, trainer: Trainer, train, held) -> int:

@@ -87,16 +87,24 @@ def train(args, usage: str, start: float) -> int:
         trainer.check_fit(train_set, eval_dataset=test_set, **_fit_arguments(run))
     except (ValueError, TypeError) as error:
         raise usage_error(error, usage) from None
+    return holding_out(run, usage, out_existed,
+                       lambda: _fit(run, usage, start, trainer, train_set, test_set))
+
+
+def holding_out(run, usage: str, out_existed: bool, fit) -> int:
+    """``fit()`` (a command's run, returning its exit code) while holding ``--out``: every
+    write to the run directory, the last metrics.json included, holds its lock. A run
+    that wrote nothing leaves no directory behind where there was none
+    (``out_existed``)."""
     try:
-        # every write to the run directory, the last metrics.json included, holds its lock
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(hold(run.out, resume=run.resume, overwrite=run.overwrite))
             except (OSError, ValueError, run_dir.RunLockedError) as error:
                 raise _out_error(run, error, usage) from None
-            return _fit(run, usage, start, trainer, train_set, test_set)
+            return fit()
     finally:
-        if not out_existed:     # a run that wrote nothing leaves no directory behind
+        if not out_existed:
             with contextlib.suppress(OSError):
                 run.out.rmdir()
 
