@@ -221,7 +221,8 @@ TRAIN_OPTIONS = (
            help='seeds the data, the initial weights and the shuffling'),
     Option('out', type=path, stored='never',
            help='run directory (default runs/<task>-<algorithm>)'),
-    Option('lr', type=float, default=5e-3, task_defaults={'delayed-bars': 2e-3},
+    Option('lr', type=float, default=5e-3,
+           task_defaults={'delayed-bars': 2e-3, _CUE: 1e-3, _DMS: 1e-3},
            check=_positive_number,
            help='peak Adam learning rate (cosine decay to 10%% of it; default {default:g}, task '
                 'default if set)'),
