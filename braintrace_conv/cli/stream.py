@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from .build import _learner, optimizer
 from .options import STREAM_OPTIONS, flag, given, stored_options
 from .parser import Interrupted, UsageError, usage_error
 from .resolve import check_values, devices, option_list, refuse_without_effect
-from .train import _out_error, _remove_new_run, holding_out
+from .train import _out_error, _remove_new_run, checked_out, holding_out
 
 __all__ = ['stream', 'SUMMARY']
 
@@ -189,11 +188,7 @@ def _resume(run, usage: str) -> bool:
 def stream(args, usage: str, start: float) -> int:
     """Run ``braintrace-conv stream`` with the parsed command line ``args``."""
     run = _resolve(args, usage)
-    out_existed = os.path.lexists(run.out)
-    try:    # refused before the data are read
-        run_dir.check(run.out, resume=run.resume, overwrite=run.overwrite)
-    except (OSError, ValueError, run_dir.RunLockedError) as error:
-        raise _out_error(run, error, usage) from None
+    out_existed = checked_out(run, usage)
     if run.resume and not _resume(run, usage):
         return 0
     train, held = _streams(run, usage)

@@ -75,11 +75,7 @@ def _resume(run, usage: str) -> bool:
 def train(args, usage: str, start: float) -> int:
     """Run ``braintrace-conv train`` with the parsed command line ``args``."""
     run = resolve(args, usage)
-    out_existed = os.path.lexists(run.out)
-    try:    # refused before the data are built
-        run_dir.check(run.out, resume=run.resume, overwrite=run.overwrite)
-    except (OSError, ValueError, run_dir.RunLockedError) as error:
-        raise _out_error(run, error, usage) from None
+    out_existed = checked_out(run, usage)
     if run.resume and not _resume(run, usage):
         return 0
     trainer, train_set, test_set = setup(run, usage)
@@ -89,6 +85,17 @@ def train(args, usage: str, start: float) -> int:
         raise usage_error(error, usage) from None
     return holding_out(run, usage, out_existed,
                        lambda: _fit(run, usage, start, trainer, train_set, test_set))
+
+
+def checked_out(run, usage: str) -> bool:
+    """Refuse ``--out`` (with ``--resume`` or ``--overwrite``) before any data are built;
+    returns whether it existed, for :func:`holding_out`."""
+    out_existed = os.path.lexists(run.out)
+    try:
+        run_dir.check(run.out, resume=run.resume, overwrite=run.overwrite)
+    except (OSError, ValueError, run_dir.RunLockedError) as error:
+        raise _out_error(run, error, usage) from None
+    return out_existed
 
 
 def holding_out(run, usage: str, out_existed: bool, fit) -> int:
