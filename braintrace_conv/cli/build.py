@@ -16,7 +16,7 @@ from ..data import (EventDataset, cue_accumulation, delayed_bars, delayed_match_
                     digits_saccades, moving_bars, stream_directory, synthetic_shd)
 from ..models import recurrent_conv_snn
 from ..training import Trainer
-from .options import LONG_MEMORY, SHD_CHANNELS
+from .options import LONG_MEMORY, SHD_CHANNELS, effective
 from .parser import UsageError, usage_error
 
 
@@ -150,10 +150,12 @@ def setup(run, usage: str, *, train: bool = True) -> tuple:
                                    tau_adapt=run.tau_adapt)
         trainer = Trainer(_learner(run, model),
                           _optimizer(run, len(train_set)) if train else None,
-                          loss=run.loss.replace('-', '_'), final_steps=run.final_steps,
-                          target_rates=run.target_rates,
+                          loss=run.loss.replace('-', '_'),
+                          final_steps=effective(vars(run), 'final_steps'),
+                          target_rates=effective(vars(run), 'target_rates'),
                           rate_targets=_rate_targets(run.rate_target, len(run.channels), usage),
-                          rate_strength=run.rate_strength, update_every=run.update_every,
+                          rate_strength=effective(vars(run), 'rate_strength'),
+                          update_every=run.update_every,
                           nonfinite=run.nonfinite, devices=run.devices)
     except (ValueError, TypeError) as error:
         raise usage_error(error, usage) from None

@@ -422,6 +422,13 @@ def spell(name: str) -> Optional[str]:
     return None if option is None else flag(option.name)
 
 
+def effective(values: dict, name: str):
+    """The value of option ``name`` among resolved ``values`` where its requirements are
+    met, else ``None`` (the library's "not set"), so a default never reaches a setting it
+    cannot act on."""
+    return values.get(name) if all(r.met(values) for r in _BY_NAME[name].requires) else None
+
+
 def stored_options(values: dict, options: tuple = TRAIN_OPTIONS) -> dict:
     """The run options among resolved ``values`` (of ``options``, default ``train``'s) that
     are stored with a run and compared on ``--resume`` (lists for tuples, so they compare

@@ -140,13 +140,16 @@ class Trainer:
         ``'every_step'``, ``'final'``, ``'count_ce'``, ``'count_mse'``,
         ``'max_membrane'``, ``'mean_membrane'`` (defined in
         :mod:`braintrace_conv.training.loss`); it also sets the prediction.
-      final_steps: With ``loss='final'``, the number of last steps weighted.
+      final_steps: With ``loss='final'``, the number of last steps weighted (``None``: 1);
+        refused with any other loss, where it would have no effect.
       target_rates ((float, float)): With ``loss='count_mse'``, the target rate per step of the
-        true class and of the other classes.
+        true class and of the other classes (``None``: ``(0.8, 0.2)``); refused with any
+        other loss.
       rate_targets: ``{layer name: target rate}``: add the firing-rate regulariser of
         :mod:`braintrace_conv.training.loss` for these layers, whose spikes
         the model returns with its scores (module docstring).
-      rate_strength: The weight lambda of the regulariser.
+      rate_strength: The weight lambda of the regulariser (``None``: 1); refused without
+        ``rate_targets``.
       update_every: ``None``: one update per batch of sequences; a number of time steps:
         truly online, one update per chunk of that many steps (only with
         ``'every_step'`` and ``'final'`` and no ``rate_targets``: the others
@@ -177,9 +180,9 @@ class Trainer:
     """
 
     def __init__(self, learner: Learner, optimizer: Optional[optax.GradientTransformation] = None,
-                 *, loss: str = 'every_step', final_steps: int = 1,
-                 target_rates: tuple = DEFAULT_TARGET_RATES,
-                 rate_targets: Optional[dict] = None, rate_strength: float = 1.0,
+                 *, loss: str = 'every_step', final_steps: Optional[int] = None,
+                 target_rates: Optional[tuple] = None,
+                 rate_targets: Optional[dict] = None, rate_strength: Optional[float] = None,
                  update_every: Optional[int] = None, nonfinite: str = 'skip',
                  devices: placement.Devices = None):
         if not isinstance(learner, Learner):
@@ -193,12 +196,16 @@ class Trainer:
         self.model = learner.model
         self.optimizer = optimizer
         self.loss = one_of('loss', loss, LOSSES)
-        self.final_steps = positive('final_steps', final_steps)
-        self.target_rates = check_target_rates(target_rates)
+        self.rate_targets = check_rate_targets(rate_targets)
+        self.final_steps = positive('final_steps', 1 if final_steps is None else final_steps)
+        self.target_rates = check_target_rates(
+            DEFAULT_TARGET_RATES if target_rates is None else target_rates)
+        self.rate_strength = positive('rate_strength',
+                                      1.0 if rate_strength is None else rate_strength, float)
+        self._refuse_without_effect(final_steps=final_steps, target_rates=target_rates,
+                                    rate_strength=rate_strength)
         self.update_every = optional(positive, 'update_every', update_every,
                                      means='one update per sequence')
-        self.rate_targets = check_rate_targets(rate_targets)
-        self.rate_strength = positive('rate_strength', rate_strength, float)
         self._check_schedule(getattr(learner, 'window', None))
         self.nonfinite = one_of('nonfinite', nonfinite, NONFINITE)
         self._parallel = placement.DataParallel(devices)
@@ -235,6 +242,20 @@ class Trainer:
         if getattr(self.learner, 'window', None) is not None:
             config['window'] = self.learner.window
         return config
+
+    def _refuse_without_effect(self, **given) -> None:
+        """Refuse a setting given where it changes nothing (``None`` is not given): a run
+        that sets it believes it trains with it."""
+        no_effect = f'it has no effect with loss={self.loss!r}'
+        acts = dict(final_steps=("loss='final'", self.loss == 'final', no_effect),
+                    target_rates=("loss='count_mse'", self.loss == 'count_mse', no_effect),
+                    rate_strength=('{rate_targets} is set', bool(self.rate_targets),
+                                   'it weights the regulariser {rate_targets} turns on'))
+        for name, value in given.items():
+            where, met, fix = acts[name]
+            if value is not None and not met:
+                raise ArgumentError(name, value, f'be None unless {where}', fix,
+                                    refs=('rate_targets',))
 
     def _check_schedule(self, window: Optional[int]) -> None:
         """Refuse online updates that cannot be made: a loss of the whole sequence, or a

@@ -118,6 +118,16 @@ def test_evaluate_excludes_padding_and_reports_spike_rates(bars):
     (lambda m: Trainer(bc.BPTT(m), rate_strength=float('inf')), ValueError,
      r'^rate_strength must be a positive number, got inf\.$'),
     (lambda m: Trainer(bc.BPTT(brainstate.nn.Module())), ValueError, 'no brainstate.ParamState'),
+    # a setting given where it changes nothing is refused, not silently ignored
+    (lambda m: Trainer(bc.BPTT(m), final_steps=3), ValueError,
+     r"^final_steps must be None unless loss='final', got 3; it has no effect with "
+     r"loss='every_step'\.$"),
+    (lambda m: Trainer(bc.BPTT(m), loss='count_ce', target_rates=(0.9, 0.1)), ValueError,
+     r"^target_rates must be None unless loss='count_mse', got \(0\.9, 0\.1\); it has no "
+     r"effect with loss='count_ce'\.$"),
+    (lambda m: Trainer(bc.BPTT(m), rate_strength=2.0), ValueError,
+     r'^rate_strength must be None unless rate_targets is set, got 2\.0; it weights the '
+     r'regulariser rate_targets turns on\.$'),
 ])
 def test_construction(make, error, match):
     m = model()
