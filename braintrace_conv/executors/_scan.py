@@ -134,11 +134,14 @@ def windowed_sequence(learner, graph, loss_fn, params, hidden, state, xs, target
              jnp.zeros((), jnp.result_type(float)))
     n_full, outs = T // window, []
     if n_full:
-        blocks = lambda tree: jax.tree.map(
-            lambda a: jnp.reshape(a[:n_full * window], (n_full, window, *np.shape(a)[1:])), tree)
-        carry, o = lax.scan(block, carry, (blocks(xs), blocks(targets)))
-        if return_outputs:
-            outs.append(jax.tree.map(lambda a: jnp.reshape(a, (-1, *a.shape[2:])), o))
+        # each block is read in place: the scanned blocks of a reshaped sequence were a
+        # copy of it (XLA's temporaries grew by the input's bytes with T)
+        take = lambda i, tree: jax.tree.map(
+            lambda a: lax.dynamic_slice_in_dim(a, i * window, window), tree)
+        carry, o = lax.scan(lambda c, i: block(c, (take(i, xs), take(i, targets))), carry,
+                            jnp.arange(n_full))
+    if n_full and return_outputs:
+        outs.append(jax.tree.map(lambda a: jnp.reshape(a, (-1, *a.shape[2:])), o))
     if T % window:
         rest = lambda tree: jax.tree.map(lambda a: a[n_full * window:], tree)
         carry, o = block(carry, (rest(xs), rest(targets)))

@@ -109,6 +109,20 @@ def test_windows_that_do_not_divide_the_sequence():
     assert max(errors(acc, grads).values()) < 1e-10
 
 
+@pytest.mark.parametrize('name', sorted(EXECUTORS))
+def test_a_windowed_gradient_holds_the_same_memory_at_every_length(name):
+    """XLA's temporaries do not grow with T: each window is read from the sequence in
+    place (a reshaped or sliced copy of xs grew them by the input's bytes)."""
+    def temp_bytes(T):
+        xs, labels = user_data(T)
+        learner = EXECUTORS[name](UserConvNet(True), window=4)
+        return learner.lower(xent, xs, labels).compile().memory_analysis().temp_size_in_bytes
+
+    input_bytes = user_data(256)[0][:240].nbytes        # what a copy of xs would add
+    for short, long in ((16, 256), (17, 257)):           # whole windows, and a rest
+        assert abs(temp_bytes(long) - temp_bytes(short)) < input_bytes / 10
+
+
 def test_chunks_that_are_whole_windows_equal_one_call():
     model = ours()
     xs, labels = ours_data(T=12)
