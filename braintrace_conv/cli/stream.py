@@ -19,7 +19,6 @@ checkpoint, and ends as the uninterrupted run would have, bit for bit.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from .._memory import peak_rss_mib
 from ..data import EventStream, Recording, read_segments
 from ..models import recurrent_conv_snn
 from ..training import Trainer, checkpoint, logs, run_dir
-from ..training.stream import planned_steps
 from ..training.stream_state import StreamRun, lagging, run_differences
 from .build import _learner, optimizer
 from .options import STREAM_OPTIONS, flag, given, stored_options
@@ -140,14 +138,14 @@ def _streams(run, usage: str) -> tuple:
 
 
 def _trainer(run, stream: EventStream, usage: str) -> Trainer:
-    """The model, learner and trainer of the run; updates planned over its steps."""
-    steps = planned_steps(stream, run.max_steps)
+    """The model, learner and trainer of the run; the learning rate's decay planned over
+    its updates (the chunks with a labelled step)."""
     try:
         brainstate.random.seed(run.seed)
         model = recurrent_conv_snn(stream.frame_shape, run.num_classes, channels=run.channels,
                                    kernel_size=run.kernel_size, pool=run.pool, tau=run.tau)
         return Trainer(_learner(run, model),
-                       optimizer(run, max(1, math.ceil(steps / run.update_every))),
+                       optimizer(run, max(1, stream.labelled_chunks(run.max_steps))),
                        nonfinite=run.nonfinite, devices=run.devices)
     except (ValueError, TypeError) as error:
         raise usage_error(error, usage) from None

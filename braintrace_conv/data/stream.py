@@ -296,6 +296,41 @@ class EventStream:
         return ([everything] * batch_size, [b * total // batch_size for b in range(batch_size)],
                 [total] * batch_size)
 
+    def labelled_chunks(self, max_steps: int | None = None) -> int:
+        """The chunks, played from the start until ``max_steps`` steps per stream (``None``:
+        until the streams end), in which some stream has a labelled step: the updates
+        :meth:`Trainer.fit_stream <braintrace_conv.training.Trainer.fit_stream>` makes, for
+        planning a learning-rate schedule over them. Reads the labels only, no events, and
+        leaves the position as it is.
+
+        Raises:
+          ValueError: an endless stream (``loop=True``) without ``max_steps``.
+        """
+        if max_steps is None and self.loop:
+            raise ValueError("max_steps must be given for an endless stream (loop=True): "
+                             "its chunks never end")
+        K = self.chunk_steps
+        # every stream plays until the longest ends, or to the chunk that reaches max_steps
+        played = max(self._totals) if max_steps is None else \
+            -(-integer("max_steps", max_steps, sign="positive") // K) * K
+        if not self.loop:
+            played = min(played, max(self._totals))
+        chunks = -(-played // K)
+        labelled = np.zeros(chunks * K, bool)
+        for b, playlist in enumerate(self._playlists):
+            steps = played if self.loop else min(played, self._totals[b])
+            index, step = 0, self._starts[b]          # the stream's start in its playlist
+            while step >= self._plans[playlist[index]].num_steps:
+                step -= self._plans[playlist[index]].num_steps
+                index += 1
+            done = 0
+            while done < steps:
+                plan = self._plans[playlist[index]]
+                span = min(steps - done, plan.num_steps - step)
+                labelled[done:done + span] |= plan.targets(step, span, self.dt_us)[1] > 0
+                done, step, index = done + span, 0, (index + 1) % len(playlist)
+        return int(labelled.reshape(chunks, K).any(axis=1).sum())
+
     # ------------------------------------------------------------------ position
     def _config(self) -> dict:
         return {"dt_us": self.dt_us, "chunk_steps": self.chunk_steps,

@@ -117,6 +117,27 @@ def test_resuming_from_a_saved_position_gives_the_same_chunks_bit_for_bit(record
         np.testing.assert_array_equal(weights, w)
 
 
+@pytest.mark.parametrize("batch_size, loop, max_steps", [
+    (None, False, None), (3, False, None), (None, False, 275), (3, False, 10**9),
+    (2, True, 1_000)])
+def test_labelled_chunks_are_the_chunks_played_with_a_labelled_step(recordings, batch_size,
+                                                                      loop, max_steps):
+    """What a learning-rate schedule is planned over: fit_stream updates on these chunks."""
+    folder, _, _ = recordings
+    s = stream(folder, batch_size=batch_size, loop=loop)
+    planned = s.labelled_chunks(max_steps)
+    played = 0
+    for i, (_, (_, weights)) in enumerate(s):
+        played += bool(weights.any())
+        if max_steps is not None and (i + 1) * 50 >= max_steps:   # fit_stream's stop
+            break
+    assert planned == played > 0
+    assert s.labelled_chunks(max_steps) == planned            # the position is untouched
+    if loop:
+        with pytest.raises(ValueError, match=r"max_steps must be given for an endless "):
+            s.labelled_chunks()
+
+
 def test_a_position_from_another_stream_is_refused(recordings):
     folder, _, _ = recordings
     position = stream(folder).position()
