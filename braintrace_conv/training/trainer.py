@@ -701,7 +701,9 @@ class Trainer:
         recording of ``stream``; with :class:`~braintrace_conv.BPTT` this is truncated
         BPTT (the gradient is cut at chunk boundaries). Needs ``loss='every_step'``,
         ``update_every`` ``None`` or the stream's ``chunk_steps``, and an online learner's
-        ``window`` at most ``chunk_steps``.
+        ``window`` at most ``chunk_steps``. A chunk without a labelled step makes no
+        update: plan a learning-rate schedule over ``stream.labelled_chunks(max_steps)``
+        updates (:meth:`~braintrace_conv.data.EventStream.labelled_chunks`).
 
         Args:
           stream (EventStream): The training stream, from its start (or, with ``resume``,
