@@ -14,8 +14,8 @@ import braintrace_conv as bc
 from braintrace_conv.models import recurrent_conv_snn
 from braintrace_conv.primitive import register_primitive
 from snn_reference import rel_err, xent
-from user_models import (LeakyDense, TwoVariable, TypedLayer, assert_matches_bptt, leaky_dense_data,
-                         sin_loss)
+from user_models import (LeakyDense, TwoVariable, TypedLayer, assert_matches_bptt,
+                         leaky_dense_data, sin_loss)
 
 pytestmark = pytest.mark.usefixtures('float64')
 
@@ -26,7 +26,6 @@ SCALE = 1.0     # a global a loss function reads
 def traced_xent(out, label):
     TRACED.append(1)
     return xent(out, label)
-
 
 
 @pytest.mark.parametrize('make', [bc.BPTT, bc.D_RTRL, lambda m: bc.ES_D_RTRL(m, 0.9)])
@@ -107,7 +106,7 @@ def test_an_online_run_saved_and_restored_elsewhere_continues_bit_for_bit(make):
     assert first.online_state() is None
     first.advance(xent, *chunks[0])
     saved = first.online_state()
-    second = make(LeakyDense())                       # a new learner and model, as after a restart
+    second = make(LeakyDense())                 # a new learner and model, as after a restart
     second.restore_online_state(saved)
     got = [second.advance(xent, *chunk) for chunk in chunks[1:]]
     for (loss, grads), (ref_loss, ref_grads) in zip(got, expected[1:]):

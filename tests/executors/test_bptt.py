@@ -40,7 +40,6 @@ def test_bptt_executor_equals_hand_written_scan():
         assert rel_err(grads[key], r) < 1e-12
 
 
-
 def test_advance_carries_the_state_and_cuts_the_gradient_at_the_chunk_boundary():
     xs, ys = leaky_dense_data(T=6)
     online = bc.BPTT(LeakyDense())
