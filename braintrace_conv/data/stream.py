@@ -319,10 +319,7 @@ class EventStream:
         labelled = np.zeros(chunks * K, bool)
         for b, playlist in enumerate(self._playlists):
             steps = played if self.loop else min(played, self._totals[b])
-            index, step = 0, self._starts[b]          # the stream's start in its playlist
-            while step >= self._plans[playlist[index]].num_steps:
-                step -= self._plans[playlist[index]].num_steps
-                index += 1
+            index, step = self._in_playlist(b, self._starts[b])
             done = 0
             while done < steps:
                 plan = self._plans[playlist[index]]
@@ -368,15 +365,22 @@ class EventStream:
         self._cursors = [_Cursor(**{k: int(v) for k, v in c.items()})
                          for c in position["streams"]]
 
+    def _in_playlist(self, b: int, step: int) -> tuple[int, int]:
+        """``(index into stream b's playlist, step in that recording)`` of step ``step`` of
+        the playlist."""
+        for index, r in enumerate(self._playlists[b]):
+            if step < self._plans[r].num_steps:
+                return index, step
+            step -= self._plans[r].num_steps
+        raise AssertionError("a start step lies beyond the playlist")
+
     def _cursor_at(self, b: int, step: int) -> _Cursor:
         """Stream ``b`` at step ``step`` of its playlist."""
-        for r in self._playlists[b]:
-            plan = self._plans[r]
-            if step < plan.num_steps:
-                start = plan.origin_us + step * self.dt_us
-                return _Cursor(r, self._reader(plan.path).seek_time(start), step, 0)
-            step -= plan.num_steps
-        raise AssertionError("a start step lies beyond the playlist")
+        index, step = self._in_playlist(b, step)
+        r = self._playlists[b][index]
+        plan = self._plans[r]
+        start = plan.origin_us + step * self.dt_us
+        return _Cursor(r, self._reader(plan.path).seek_time(start), step, 0)
 
     # ------------------------------------------------------------------ chunks
     def _remaining(self, b: int) -> int | None:
