@@ -41,6 +41,7 @@ from numpy.lib import format as npy_format
 
 from .._npy_files import NpyFileError, npy_entries, npy_header
 from .._validation import integer
+from . import prophesee
 
 __all__ = ["CAMERA_EVENT_DTYPE", "EventFileError", "EventReader", "read_events"]
 
@@ -76,38 +77,11 @@ def _file_format(path: Path) -> str:
                     f"{', '.join(sorted(_SUFFIXES))}")
     if suffix != ".raw":
         return _SUFFIXES[suffix]
-    header = _evt_header(path)
-    text = " ".join(header).lower()
-    for version in ("evt3", "evt2"):
-        if f"evt {version[-1]}.0" in text or f"format {version}" in text:
-            return version
-    _fail(path, "is not an EVT 2.0 or EVT 3.0 recording: its header (lines starting "
-                "with '%') names no 'evt 2.0' / 'evt 3.0' format")
-
-
-def _evt_header(path: Path) -> list[str]:
-    """The ``%`` header lines of a Prophesee ``.raw`` file."""
-    lines = []
-    with open(path, "rb") as f:
-        while f.peek(1)[:1] == b"%":
-            lines.append(f.readline().decode("ascii", "replace").strip())
-    return lines
-
-
-def _evt_geometry(header: list[str]) -> tuple[int, int] | None:
-    """``(width, height)`` from an EVT header (``% geometry WxH`` or ``format ...;width=W;
-    height=H``), ``None`` when it gives none."""
-    for line in header:
-        fields = line.lstrip("% ").split()
-        if fields[:1] == ["geometry"] and len(fields) == 2 and "x" in fields[1]:
-            width, _, height = fields[1].partition("x")
-            if width.isdigit() and height.isdigit():
-                return int(width), int(height)
-        if fields[:1] == ["format"] and len(fields) == 2:
-            keys = dict(item.partition("=")[::2] for item in fields[1].split(";"))
-            if keys.get("width", "").isdigit() and keys.get("height", "").isdigit():
-                return int(keys["width"]), int(keys["height"])
-    return None
+    version = prophesee.header_version(prophesee.header(path))
+    if version is None:
+        _fail(path, "is not an EVT 2.0 or EVT 3.0 recording: its header (lines starting "
+                    "with '%') names no 'evt 2.0' / 'evt 3.0' format")
+    return version
 
 
 def _faery(path: Path, kind: str):
@@ -272,12 +246,12 @@ def _open(path: Path) -> _Layout:
         return _Layout(kind, dtype, coordinates, None, shape[0], array)
     if kind == "aedat4":
         return _open_aedat4(path)
-    header = _evt_header(path)
+    header = prophesee.header(path)
     data_bytes = path.stat().st_size - sum(len(line) + 1 for line in header)
     if data_bytes % _EVT_WORD_BYTES[kind]:
         _fail(path, f"its {kind.upper()} data holds {data_bytes} bytes, not a whole number "
                     f"of {_EVT_WORD_BYTES[kind]}-byte words (a truncated file?)")
-    return _Layout(kind, CAMERA_EVENT_DTYPE, ("x", "y"), _evt_geometry(header), None, None)
+    return _Layout(kind, CAMERA_EVENT_DTYPE, ("x", "y"), prophesee.header_geometry(header), None, None)
 
 
 def _open_aedat4(path: Path) -> _Layout:
