@@ -1,24 +1,125 @@
-"""Prophesee EVT 2.0 and EVT 3.0 recordings (``.raw``): the header."""
+r"""Prophesee EVT 2.0 and EVT 3.0 recordings (``.raw``): the header, and the event words
+decoded block by block with NumPy.
+
+A ``.raw`` file is a text header, lines starting with ``%`` (the format, e.g. ``% evt
+3.0``, and the sensor's ``% geometry WxH``), followed by little-endian words whose 4 most
+significant bits give their type (Prophesee's *EVT 2.0* and *EVT 3.0 Format* pages):
+
+* **EVT 2.0**, 32-bit words. ``CD_OFF`` (0x0) and ``CD_ON`` (0x1) are one event each: the 6
+  low bits of its timestamp, ``x`` and ``y`` (11 bits each). ``EVT_TIME_HIGH`` (0x8) gives
+  the 28 high bits of the timestamps that follow: timestamps have 34 bits and wrap every
+  :math:`2^{34}` µs (4 h 46 min).
+* **EVT 3.0**, 16-bit words, each updating a state: ``EVT_ADDR_Y`` (0x0) the row,
+  ``EVT_TIME_HIGH`` (0x8) and ``EVT_TIME_LOW`` (0x6) the high and low 12 bits of a 24-bit
+  time base that wraps every :math:`2^{24}` µs (16.8 s), ``VECT_BASE_X`` (0x3) a column
+  and polarity. ``EVT_ADDR_X`` (0x2) is one event at its column and polarity;
+  ``VECT_12`` (0x4) and ``VECT_8`` (0x5) are up to 12 or 8 events at the base column
+  plus each set bit of their mask, and move the base column on by 12 or 8. A
+  ``TIME_HIGH`` that changes the high bits sets the low bits to 0 until the next
+  ``TIME_LOW``, as Prophesee's decoder does.
+
+Both formats' other words (external triggers, counters, IMU, continued data) carry no
+pixel event and are skipped; a type neither format page nor Prophesee's decoder defines
+(EVT 2.0: 0x2 to 0x7 and 0x9; EVT 3.0: 0x1 and 0x9) is a :class:`EvtFormatError` naming
+its byte.
+
+Counter wraps
+-------------
+A file holds only the counter's value, so how many wraps lie between two ``TIME_HIGH``
+words is a rule, not a fact. The rule here, for both formats, is Prophesee's own EVT 3.0
+decoder's: a ``TIME_HIGH`` lower than the one before by at least half the counter's range
+(EVT 3.0: :math:`2^{23}` µs, 8.4 s; EVT 2.0: :math:`2^{33}` µs, 2.4 h) is one wrap; a
+smaller drop is time going backwards, which the decoded timestamps show and the reader's
+checks refuse. Timestamps are counted on from there in 64 bits, past :math:`2^{32}` µs and
+any number of wraps. A file is therefore read right when its ``TIME_HIGH`` words come less
+than half a cycle apart. Sensors write one each time the high bits change; ``faery``'s
+encoder (0.7) writes at least one every quarter cycle (EVT 3.0: every 1024 values of the
+high bits, 4.2 s; EVT 2.0: every :math:`2^{20}` values, 67 s), through any silence. A
+silence of more than half a cycle across a wrap with no ``TIME_HIGH`` word in it is
+refused as time going backwards; one of more than a whole cycle cannot be seen in the
+file at all.
+
+Pixel words before the first ``TIME_HIGH`` (EVT 3.0: or before the first row or base
+column) have no timestamp (or no address) and are dropped, as Prophesee's decoder drops
+them: a recording cut from a camera's stream may start mid-state.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 
-def header(path: Path) -> list[str]:
-    """The ``%`` header lines of a Prophesee ``.raw`` file."""
-    lines = []
+__all__ = ["EvtFormatError", "Header", "WORD_BYTES", "decode", "read_header"]
+
+#: Bytes per word of each format.
+WORD_BYTES = {"evt2": 4, "evt3": 2}
+_HEADER_LINE_BYTES = 1 << 16
+_TEXT = frozenset(range(0x20, 0x7F)) | {0x09, 0x0D}
+
+
+class EvtFormatError(ValueError):
+    """Words that are not EVT data; ``byte`` is the offending word's offset in the file."""
+
+    def __init__(self, problem: str, byte: int):
+        super().__init__(problem)
+        self.problem, self.byte = problem, byte
+
+
+# --------------------------------------------------------------------------- header
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """The ``%`` lines of a ``.raw`` file and what they say.
+
+    Attributes:
+      lines: The header lines, ``%`` and line ends stripped.
+      data_offset: Byte where the words start.
+      version: ``'evt2'`` or ``'evt3'``, ``None`` when the header names neither.
+      geometry: ``(width, height)`` of the sensor, ``None`` when the header gives none.
+    """
+
+    lines: tuple
+    data_offset: int
+    version: str | None
+    geometry: tuple | None
+
+
+def read_header(path) -> Header:
+    """The header of a Prophesee ``.raw`` file.
+
+    A header line starts with ``%`` and holds text up to its line end; the header ends
+    after a ``% end`` line or before the first line that is not such a line (a data word
+    may begin with the byte of ``%``: ``faery`` writes files whose first word does).
+    """
+    lines, offset = [], 0
     with open(path, "rb") as f:
-        while f.peek(1)[:1] == b"%":
-            lines.append(f.readline().decode("ascii", "replace").strip())
-    return lines
+        while True:
+            line = f.readline(_HEADER_LINE_BYTES)
+            if not (line.startswith(b"%") and line.endswith(b"\n")
+                    and _TEXT.issuperset(line[:-1])):
+                break
+            offset += len(line)
+            text = line[1:].decode("ascii").strip()
+            lines.append(text)
+            if text.lower() == "end":
+                break
+    return Header(tuple(lines), offset, _version(lines), _geometry(lines))
 
 
-def header_geometry(header: list[str]) -> tuple[int, int] | None:
-    """``(width, height)`` from an EVT header (``% geometry WxH`` or ``format ...;width=W;
-    height=H``), ``None`` when it gives none."""
-    for line in header:
-        fields = line.lstrip("% ").split()
+def _version(lines) -> str | None:
+    text = " ".join(lines).lower()
+    for version in ("evt3", "evt2"):
+        if f"evt {version[-1]}.0" in text or f"format {version}" in text:
+            return version
+    return None
+
+
+def _geometry(lines) -> tuple | None:
+    """``(width, height)`` from ``geometry WxH`` or ``format ...;width=W;height=H``."""
+    for line in lines:
+        fields = line.split()
         if fields[:1] == ["geometry"] and len(fields) == 2 and "x" in fields[1]:
             width, _, height = fields[1].partition("x")
             if width.isdigit() and height.isdigit():
@@ -30,11 +131,233 @@ def header_geometry(header: list[str]) -> tuple[int, int] | None:
     return None
 
 
-def header_version(header: list[str]) -> str | None:
-    """``'evt2'`` or ``'evt3'``, the format a header names, or ``None`` when it names
-    neither."""
-    text = " ".join(header).lower()
-    for version in ("evt3", "evt2"):
-        if f"evt {version[-1]}.0" in text or f"format {version}" in text:
-            return version
-    return None
+# --------------------------------------------------------------------------- decoding
+def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
+           block_words: int = 1 << 16) -> Iterator[np.ndarray]:
+    """The pixel events of an EVT file, in file order, one array per ``block_words``
+    words read (memory: one block; the decoder's state is carried across blocks).
+
+    Args:
+      path: The ``.raw`` file.
+      version: ``'evt2'`` or ``'evt3'``.
+      data_offset: Byte where its words start (:attr:`Header.data_offset`).
+      dtype: Structured dtype of the events yielded, with fields ``t`` (int64 or wider:
+        microseconds), ``x``, ``y`` (at least 11 bits) and ``p`` (1 ON, 0 OFF).
+      block_words: Words read at a time.
+
+    Raises:
+      EvtFormatError: a word type the format does not define, an event column beyond
+        the format's 2048, or a last word cut short.
+    """
+    decoder = {"evt2": _Evt2Decoder, "evt3": _Evt3Decoder}[version](np.dtype(dtype))
+    word = np.dtype("<u4" if version == "evt2" else "<u2")
+    with open(path, "rb") as f:
+        f.seek(data_offset)
+        byte = data_offset
+        while data := f.read(block_words * word.itemsize):
+            if len(data) % word.itemsize:
+                raise EvtFormatError(
+                    f"its last word, at byte {byte + len(data) // word.itemsize * word.itemsize}"
+                    f", is cut short: {len(data) % word.itemsize} of its {word.itemsize} bytes "
+                    "are there (a truncated file?)", byte + len(data))
+            yield decoder(np.frombuffer(data, word), byte)
+            byte += len(data)
+
+
+def _undefined(kind: np.ndarray, undefined: int, byte: int, word_bytes: int,
+               name: str) -> None:
+    """Raise for the first word whose type is a set bit of ``undefined``."""
+    bad = (undefined >> kind) & 1
+    if bad.any():
+        i = int(np.argmax(bad))
+        at = byte + i * word_bytes
+        raise EvtFormatError(f"byte {at} holds a word of type {int(kind[i]):#x}, which "
+                             f"{name} does not define (a damaged file, or not {name} data)",
+                             at)
+
+
+def _unwrap(values: np.ndarray, previous, loops: int, bits: int):
+    """Counter ``values`` (int64) with the wraps before each counted in: a drop of at
+    least half the range from the value before (``previous`` for the first; ``None``: no
+    value before) is one wrap. Returns ``(unwrapped, changed, last value, loops)``, with
+    ``changed`` marking values unlike the one before them."""
+    before = np.empty_like(values)
+    before[:1] = values[:1] if previous is None else previous
+    before[1:] = values[:-1]
+    wraps = np.cumsum(before - values >= 1 << (bits - 1)) + loops
+    changed = values != before
+    if previous is None:
+        changed[:1] = True
+    return (wraps << bits) + values, changed, int(values[-1]), int(wraps[-1])
+
+
+_UNKNOWN = -(1 << 62)   # a state not known yet: far below any timestamp or column
+
+
+def _latest(is_state: np.ndarray, at_state: np.ndarray, values: np.ndarray,
+            at: np.ndarray, carried) -> np.ndarray:
+    """For each word position of ``at``: the value of the latest state word before it
+    (``is_state`` marks them, ``at_state`` lists their positions, ``values`` their
+    values), else ``carried`` (``None``: :data:`_UNKNOWN`)."""
+    with_carried = np.empty(len(values) + 1, np.int64)
+    with_carried[0] = _UNKNOWN if carried is None else carried
+    with_carried[1:] = values
+    if 8 * len(at_state) < len(at):
+        # few state words: each value repeated over the words up to the next one
+        before = np.searchsorted(at, at_state)
+        return np.repeat(with_carried, np.diff(before, prepend=0, append=len(at)))
+    return with_carried[np.cumsum(is_state, dtype=np.int32)[at]]
+
+
+class _Evt2Decoder:
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.high = None          # last TIME_HIGH value (28 bits)
+        self.loops = 0            # wraps counted so far
+        self.base = None          # timestamp of the last TIME_HIGH, microseconds
+
+    def __call__(self, words: np.ndarray, byte: int) -> np.ndarray:
+        kind = words >> 28
+        _undefined(kind, 0b10_1111_1100, byte, 4, "EVT 2.0")  # 0x2-0x7, 0x9
+        is_high = kind == 8
+        at = np.flatnonzero(kind <= 1)
+        at_high = np.flatnonzero(is_high)
+        base = np.zeros(0, np.int64)
+        if len(at_high):
+            highs = (words[at_high] & 0x0FFFFFFF).astype(np.int64)
+            base, _, self.high, self.loops = _unwrap(highs, self.high, self.loops, 28)
+            base <<= 6
+        carried, self.base = self.base, int(base[-1]) if len(base) else self.base
+        base = _latest(is_high, at_high, base, at, carried)
+        if carried is None:                      # events before the first TIME_HIGH
+            known = base >= 0
+            at, base = at[known], base[known]
+        event_words = words[at]
+        events = np.empty(len(at), self.dtype)
+        events["t"] = base | ((event_words >> 22) & 0x3F)
+        events["x"] = (event_words >> 11) & 0x7FF
+        events["y"] = event_words & 0x7FF
+        events["p"] = event_words >> 28
+        return events
+
+
+def _mask_bits():
+    """For every 12-bit mask: its set bits in increasing order, as one flat array, the
+    offset of each mask's bits in it and their number."""
+    bits = (np.arange(4096)[:, None] >> np.arange(12)) & 1
+    counts = bits.sum(axis=1)
+    return np.nonzero(bits)[1].astype(np.int64), np.cumsum(counts) - counts, counts
+
+
+class _Evt3Decoder:
+    _BITS, _BITS_AT, _POPCOUNT = _mask_bits()
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.high = None            # last TIME_HIGH value (12 bits)
+        self.loops = 0
+        self.time_high = None       # high part of the time base, wraps counted in (us)
+        self.time = None            # the time base after the last word (us)
+        self.y = None
+        self.base_x = None          # the next vector's base column
+        self.base_p = None
+
+    def __call__(self, words: np.ndarray, byte: int) -> np.ndarray:
+        kind = words >> 12
+        _undefined(kind, 0b10_0000_0010, byte, 2, "EVT 3.0")  # 0x1, 0x9
+        payload = words & 0xFFF
+        is_single = kind == 2
+        is_vector = (kind == 4) | (kind == 5)
+        vectors = bool(is_vector.any())
+        at = np.flatnonzero(is_single | is_vector) if vectors else np.flatnonzero(is_single)
+        settled = self.time is not None and self.y is not None
+        t = self._times(kind, payload, at)
+        is_y = kind == 0
+        at_y = np.flatnonzero(is_y)
+        rows = payload[at_y] & 0x7FF
+        y = _latest(is_y, at_y, rows, at, self.y)
+        self.y = int(rows[-1]) if len(rows) else self.y
+        address = payload[at]
+        x, p = (address & 0x7FF).astype(np.int64), address >> 11
+        # events before the time and row are known are dropped (at the file's start)
+        known = None if settled else (t >= 0) & (y >= 0)
+        if vectors or (kind == 3).any():
+            x, p, t, y = self._vectors(kind, payload, at, x, p, t, y, known, byte)
+        elif known is not None:
+            t, y, x, p = (a[known] for a in (t, y, x, p))
+        events = np.empty(len(x), self.dtype)
+        events["t"], events["x"], events["y"], events["p"] = t, x, y, p
+        return events
+
+    def _times(self, kind: np.ndarray, payload: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """Timestamps (us) of the words ``at``; negative before the first TIME_HIGH."""
+        is_time = kind == 6                      # TIME_LOW, and below TIME_HIGH changes
+        lows = payload
+        at_high = np.flatnonzero(kind == 8)
+        highs = np.zeros(0, np.int64)
+        changes = at_high
+        if len(at_high):
+            unwrapped, changed, self.high, self.loops = _unwrap(
+                payload[at_high].astype(np.int64), self.high, self.loops, 12)
+            changes, highs = at_high[changed], unwrapped[changed] << 12
+            is_time[changes] = True
+            lows = payload.copy()
+            lows[changes] = 0                    # a change of the high part: low is 0
+        at_time = np.flatnonzero(is_time)
+        # the high part at each time word: the latest change at or before it
+        high = np.empty(len(highs) + 1, np.int64)
+        high[0] = _UNKNOWN if self.time_high is None else self.time_high
+        high[1:] = highs
+        values = high[np.searchsorted(changes, at_time, side="right")] + lows[at_time]
+        if len(highs):
+            self.time_high = int(highs[-1])
+        t = _latest(is_time, at_time, values, at, self.time)
+        if len(values) and values[-1] >= 0:
+            self.time = int(values[-1])
+        return t
+
+    def _vectors(self, kind, payload, at, x, p, t, y, known, byte):
+        """The events of every word ``at``: a vector word's are its base column plus each
+        set bit of its mask, at the base's polarity (none before the first base column);
+        a single event word's is itself; none where ``known`` is False. Returns ``x, p,
+        t, y`` of the events."""
+        vector = np.flatnonzero(kind[at] != 2)   # the vector words, as indices into at
+        at_vector = at[vector]
+        at_base = np.flatnonzero(kind == 3)
+        bases = payload[at_base].astype(np.int64)
+        is_12 = kind[at_vector] == 4
+        # columns the vectors before each vector word (and after it) moved the base on
+        moved = np.zeros(len(vector) + 1, np.int64)
+        np.cumsum(np.where(is_12, 12, 8), out=moved[1:])
+        moved_at_base = moved[np.searchsorted(at_vector, at_base)]
+        is_base = kind == 3
+        base_x = _latest(is_base, at_base, (bases & 0x7FF) - moved_at_base, at_vector,
+                         self.base_x) + moved[:-1]
+        base_p = _latest(is_base, at_base, bases >> 11, at_vector, self.base_p)
+        if len(at_base):
+            self.base_x = int(bases[-1] & 0x7FF) + int(moved[-1] - moved_at_base[-1])
+            self.base_p = int(bases[-1] >> 11)
+        elif self.base_x is not None:
+            self.base_x += int(moved[-1])
+        valid = payload[at_vector] & np.where(is_12, 0xFFF, 0xFF)
+        valid[base_x < 0] = 0                    # vectors before the first base column
+        counts = np.ones(len(at), np.int64)
+        counts[vector] = self._POPCOUNT[valid]
+        if known is not None:
+            counts[~known] = 0
+        p = p.copy()
+        p[vector] = np.maximum(base_p, 0)
+        first = np.cumsum(counts) - counts
+        x, p, t, y = (np.repeat(a, counts) for a in (x, p, t, y))
+        # the vector words' events: which word, which of its set bits, where they go
+        per_word = counts[vector]
+        word = np.repeat(np.arange(len(vector)), per_word)
+        rank = np.arange(len(word)) - (np.cumsum(per_word) - per_word)[word]
+        column = base_x[word] + self._BITS[self._BITS_AT[valid][word] + rank]
+        if len(column) and column.max() > 0x7FF:
+            i = int(np.argmax(column > 0x7FF))
+            at_byte = byte + 2 * int(at_vector[word[i]])
+            raise EvtFormatError(f"byte {at_byte} puts an event at column {int(column[i])}, "
+                                 "beyond EVT 3.0's 2048 (a damaged file)", at_byte)
+        x[first[vector][word] + rank] = column
+        return x, p, t, y

@@ -11,16 +11,19 @@ suffix         format                                       read by
 ``.npz``       the same under the key ``events`` (or as the  numpy: memory-mapped when stored,
                only array)                                   inflated block by block when deflated
 ``.aedat4``    AEDAT 4 (iniVation DV), first event track     ``faery`` (extra ``events``)
-``.raw``       Prophesee EVT 2.0 / EVT 3.0 (from the         ``faery`` (extra ``events``)
-               header)
+``.raw``       Prophesee EVT 2.0 / EVT 3.0 (from the         the library, in numpy
+               header)                                       (:mod:`~braintrace_conv.data.prophesee`)
 =============  ===========================================  =====================================
 
 Events come back as numpy structured arrays with a timestamp ``t`` in microseconds, pixel
 coordinates ``x`` (and ``y``) and a polarity ``p`` (1: ON, brightness increase; 0 or -1:
 OFF). ``.npy``/``.npz`` files keep their stored dtype; camera files give
-:data:`CAMERA_EVENT_DTYPE`. Camera-file readers are an extra (``pip install
+:data:`CAMERA_EVENT_DTYPE`. AEDAT4 needs an extra (``pip install
 "braintrace_conv[events]"``); the guide page *Streams and camera files* gives the
-measurements behind the choice of ``faery``.
+measurements behind the choice of ``faery``, and why EVT files are decoded here: faery
+0.7's EVT 3.0 decoder misses counter wraps after silences, and its EVT 2.0 decoder hides a
+timestamp that goes backwards. Timestamps of EVT files are counted on across their
+counters' wraps (rule in :mod:`~braintrace_conv.data.prophesee`).
 
 Every event that is read is checked: timestamps finite, non-negative and never going
 backwards, coordinates non-negative integers inside the sensor (when the file or the caller
@@ -50,7 +53,6 @@ __all__ = ["CAMERA_EVENT_DTYPE", "EventFileError", "EventReader", "read_events"]
 CAMERA_EVENT_DTYPE = np.dtype([("t", "<i8"), ("x", "<u2"), ("y", "<u2"), ("p", "u1")])
 
 _SUFFIXES = {".npy": "npy", ".npz": "npz", ".aedat4": "aedat4", ".raw": "evt"}
-_EVT_WORD_BYTES = {"evt2": 4, "evt3": 2}
 _BLOCK_EVENTS = 1 << 16
 
 
@@ -77,7 +79,7 @@ def _file_format(path: Path) -> str:
                     f"{', '.join(sorted(_SUFFIXES))}")
     if suffix != ".raw":
         return _SUFFIXES[suffix]
-    version = prophesee.header_version(prophesee.header(path))
+    version = prophesee.read_header(path).version
     if version is None:
         _fail(path, "is not an EVT 2.0 or EVT 3.0 recording: its header (lines starting "
                     "with '%') names no 'evt 2.0' / 'evt 3.0' format")
@@ -202,11 +204,9 @@ def _deflated_npz_blocks(path: Path, name: str, dtype, block: int) -> Iterator[n
             yield np.frombuffer(data, dtype=dtype)
 
 
-def _camera_blocks(path: Path, kind: str) -> Iterator[np.ndarray]:
-    faery = _faery(path, kind.upper())
-    version = None if kind == "aedat4" else kind
-    decoder = faery.file_decoder.Decoder(path, version_fallback=version,
-                                         file_type="aedat" if kind == "aedat4" else "evt")
+def _aedat4_blocks(path: Path) -> Iterator[np.ndarray]:
+    faery = _faery(path, "AEDAT4")
+    decoder = faery.file_decoder.Decoder(path, file_type="aedat")
     for packet in decoder:
         events = np.empty(len(packet), CAMERA_EVENT_DTYPE)
         events["t"], events["x"], events["y"] = packet["t"], packet["x"], packet["y"]
@@ -216,8 +216,9 @@ def _camera_blocks(path: Path, kind: str) -> Iterator[np.ndarray]:
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:
-    """What opening a file found: format, sensor extents, event count, and the memory map
-    of an array file that can be mapped (``None`` for sequential formats)."""
+    """What opening a file found: format, sensor extents, event count, the memory map
+    of an array file that can be mapped (``None`` for sequential formats), and the
+    header of an EVT file."""
 
     kind: str
     dtype: np.dtype
@@ -225,6 +226,7 @@ class _Layout:
     sensor: tuple | None
     num_events: int | None
     array: np.ndarray | None
+    evt_header: prophesee.Header | None = None
 
 
 def _open(path: Path) -> _Layout:
@@ -246,12 +248,13 @@ def _open(path: Path) -> _Layout:
         return _Layout(kind, dtype, coordinates, None, shape[0], array)
     if kind == "aedat4":
         return _open_aedat4(path)
-    header = prophesee.header(path)
-    data_bytes = path.stat().st_size - sum(len(line) + 1 for line in header)
-    if data_bytes % _EVT_WORD_BYTES[kind]:
+    header = prophesee.read_header(path)
+    data_bytes = path.stat().st_size - header.data_offset
+    word = prophesee.WORD_BYTES[kind]
+    if data_bytes % word:
         _fail(path, f"its {kind.upper()} data holds {data_bytes} bytes, not a whole number "
-                    f"of {_EVT_WORD_BYTES[kind]}-byte words (a truncated file?)")
-    return _Layout(kind, CAMERA_EVENT_DTYPE, ("x", "y"), prophesee.header_geometry(header), None, None)
+                    f"of {word}-byte words (a truncated file?)")
+    return _Layout(kind, CAMERA_EVENT_DTYPE, ("x", "y"), header.geometry, None, None, header)
 
 
 def _open_aedat4(path: Path) -> _Layout:
@@ -301,7 +304,7 @@ class EventReader:
     Raises:
       EventFileError: an unknown suffix, a foreign, truncated or damaged file, or a file
         whose size disagrees with ``sensor_size``.
-      ImportError: a camera file without the ``faery`` package.
+      ImportError: an AEDAT4 file without the ``faery`` package.
     """
 
     def __init__(self, path, *, sensor_size: tuple | None = None,
@@ -315,6 +318,7 @@ class EventReader:
         except NpyFileError as err:
             raise EventFileError(self.path, err.problem) from None
         self.format, self.num_events, self._array = layout.kind, layout.num_events, layout.array
+        self._evt_header = layout.evt_header
         self.dtype = layout.dtype
         self._coordinates = layout.coordinates
         self.sensor_size = self._sensor(layout.sensor, sensor_size)
@@ -372,6 +376,8 @@ class EventReader:
                     offset += len(part)
         except (EventFileError, ImportError):
             raise
+        except prophesee.EvtFormatError as err:
+            _fail(self.path, err.problem)
         except Exception as err:   # faery and zlib raise plain exceptions for damaged data
             _fail(self.path, f"cannot be decoded after event {offset}, the file is damaged "
                              f"or truncated ({type(err).__name__}: {err})", offset)
@@ -380,7 +386,11 @@ class EventReader:
         if self.format == "npz":
             name, _, dtype = _npz_entry(self.path)
             return _deflated_npz_blocks(self.path, name, dtype, self._block)
-        return _camera_blocks(self.path, self.format)
+        if self.format == "aedat4":
+            return _aedat4_blocks(self.path)
+        return prophesee.decode(self.path, self.format, dtype=CAMERA_EVENT_DTYPE,
+                                data_offset=self._evt_header.data_offset,
+                                block_words=self._block)
 
     def time_range(self) -> tuple | None:
         """``(first, last)`` timestamps of the file, microseconds; ``None`` when it holds no
@@ -464,7 +474,7 @@ def read_events(path, *, sensor_size: tuple | None = None) -> np.ndarray:
       EventFileError: the file is foreign, truncated or damaged, or an event is wrong
         (negative or decreasing timestamp, coordinate outside the sensor, polarity not
         0/1/-1): one sentence naming the file and the event's index.
-      ImportError: a camera file without the ``faery`` package.
+      ImportError: an AEDAT4 file without the ``faery`` package.
     """
     reader = EventReader(path, sensor_size=sensor_size)
     if reader.seekable:
