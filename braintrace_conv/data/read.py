@@ -353,13 +353,34 @@ class EventReader:
         """``(offset, events)`` from event ``start`` to the end of the file, in order;
         ``offset`` is the index of the block's first event. Blocks are fresh arrays
         (never views of the file), checked before they are yielded."""
-        start = integer("start", start, sign="non-negative")
+        return self._checked(integer("start", start, sign="non-negative"), fresh=True)
+
+    def check(self) -> tuple | None:
+        """Check every event of the file, as :meth:`blocks` does, and return its ``(first,
+        last)`` timestamps in microseconds (``None`` when it holds no events).
+
+        The check to make on every input before a long run writes anything: a wrong
+        event, a damaged or truncated file is then one :class:`EventFileError` before the
+        run starts rather than in its middle. Memory-mapped files are checked in place,
+        at the speed of reading them; others are decoded whole (memory: one block).
+        """
+        first = last = None
+        for _, events in self._checked(0, fresh=False):
+            if len(events):
+                first = events["t"][0] if first is None else first
+                last = events["t"][-1]
+        return None if first is None else (first, last)
+
+    def _checked(self, start: int, fresh: bool) -> Iterator[tuple[int, np.ndarray]]:
+        """The blocks of :meth:`blocks`, checked; ``fresh=False`` yields views of a
+        memory-mapped file instead of copies."""
         extents, previous = self._extents(), None
         if self._array is not None:
             if start:
                 previous = self._array["t"][start - 1] if start <= len(self._array) else None
             for offset in range(start, len(self._array), self._block):
-                events = np.array(self._array[offset:offset + self._block])
+                events = self._array[offset:offset + self._block]
+                events = np.array(events) if fresh else events
                 check_events(self.path, offset, events, previous, extents)
                 previous = events["t"][-1]
                 yield offset, events
@@ -394,16 +415,11 @@ class EventReader:
 
     def time_range(self) -> tuple | None:
         """``(first, last)`` timestamps of the file, microseconds; ``None`` when it holds no
-        events. Memory-mapped files read two events; others are decoded (and checked)
-        to the end."""
+        events. Memory-mapped files read two events; others are decoded and checked to
+        the end (:meth:`check`)."""
         if self._array is not None:
             return (self._array[0]["t"], self._array[-1]["t"]) if len(self._array) else None
-        first = last = None
-        for _, events in self.blocks():
-            if len(events):
-                first = events["t"][0] if first is None else first
-                last = events["t"][-1]
-        return None if first is None else (first, last)
+        return self.check()
 
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Events ``start`` to ``stop - 1`` (to the end when ``stop`` is ``None``), checked."""
@@ -478,8 +494,7 @@ def read_events(path, *, sensor_size: tuple | None = None) -> np.ndarray:
     """
     reader = EventReader(path, sensor_size=sensor_size)
     if reader.seekable:
-        for _ in reader.blocks():
-            pass
+        reader.check()
         return reader._array
     if reader.num_events is None:
         return reader.read()

@@ -71,6 +71,25 @@ def test_blocks_reads_and_time_ranges_from_any_position(files, name):
     assert reader.time_range() == (events["t"][0], events["t"][-1])
 
 
+@pytest.mark.parametrize("name", ["a.npy", "stored.npz", "deflated.npz"])
+def test_check_reads_every_event_and_gives_the_time_range(files, name):
+    folder, events = files
+    assert EventReader(folder / name, block_events=777).check() == (events["t"][0],
+                                                                     events["t"][-1])
+
+
+def test_check_finds_a_wrong_event_that_the_time_range_of_a_mapped_file_does_not_read(
+        tmp_path):
+    path = _write_bad(tmp_path, lambda e: e["t"].__setitem__(1998, 0))
+    reader = EventReader(path)
+    assert reader.time_range() is not None                 # two events read: nothing seen
+    with pytest.raises(EventFileError, match="event 1998 has the timestamp 0 us") as info:
+        reader.check()
+    assert info.value.position == 1998
+    np.save(tmp_path / "empty.npy", recording(0))
+    assert EventReader(tmp_path / "empty.npy").check() is None
+
+
 def _write_bad(tmp_path, change, name="bad.npy"):
     events = recording(2000)
     change(events)
