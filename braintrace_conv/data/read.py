@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import zipfile
+from xml.etree import ElementTree
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -259,20 +260,80 @@ def _open(path: Path) -> _Layout:
 
 def _open_aedat4(path: Path) -> _Layout:
     faery = _faery(path, "AEDAT4")
+    _check_aedat4_header(path)
     try:
         with faery.file_decoder.aedat.Decoder(path) as decoder:
             tracks = [t for t in decoder.tracks() if t.data_type == "events"]
             if not tracks:
                 _fail(path, "holds no event track (AEDAT4 tracks: "
                             f"{[t.data_type for t in decoder.tracks()]})")
-            count = sum(d.elements_count for d in decoder.file_data_definitions()
-                        if d.track_id == tracks[0].id)
+            counts = [d.elements_count for d in decoder.file_data_definitions()
+                      if d.track_id == tracks[0].id]
     except EventFileError:
         raise
-    except Exception as err:   # faery raises plain exceptions for damaged files
-        _fail(path, f"is not a readable AEDAT4 file ({type(err).__name__}: {err})")
+    except BaseException as err:   # faery raises plain exceptions for damaged files
+        _relay(path, err, "is not a readable AEDAT4 file")
+    # a recording stopped before its index was written is read without a count
     return _Layout("aedat4", CAMERA_EVENT_DTYPE, ("x", "y"), tuple(tracks[0].dimensions),
-                   count, None)
+                   sum(counts) if counts else None, None)
+
+
+_AEDAT4_MAGIC = b"#!AER-DAT4.0\r\n"
+
+
+def _check_aedat4_header(path: Path) -> None:
+    """Check what faery 0.7 does not check safely: the header's description must be
+    UTF-8 XML (faery aborts the process on bytes that are not UTF-8), and the index it
+    points to must lie inside the file."""
+    with open(path, "rb") as f:
+        head = f.read(len(_AEDAT4_MAGIC) + 4)
+        if not head.startswith(_AEDAT4_MAGIC):
+            _fail(path, "is not an AEDAT4 file: it does not start with "
+                        f"{_AEDAT4_MAGIC.decode().strip()!r}")
+        size = struct.unpack("<I", head[-4:])[0] if len(head) == len(_AEDAT4_MAGIC) + 4 \
+            else 1
+        header = f.read(size)
+    if len(header) < size:
+        _fail(path, "is truncated inside its AEDAT4 header")
+    try:   # the IOHeader flatbuffer: compression, dataTablePosition, infoNode
+        (table,) = struct.unpack_from("<I", header, 0)
+        (back,) = struct.unpack_from("<i", header, table)
+        vtable_size = struct.unpack_from("<H", header, table - back)[0]
+        fields = struct.unpack_from(f"<{(vtable_size - 4) // 2}H", header, table - back + 4)
+        index = struct.unpack_from("<q", header, table + fields[1])[0] if \
+            len(fields) > 1 and fields[1] else -1
+        at = table + fields[2]
+        at += struct.unpack_from("<I", header, at)[0]
+        (length,) = struct.unpack_from("<I", header, at)
+        description = header[at + 4:at + 4 + length]
+        if len(description) < length:
+            raise struct.error
+    except (struct.error, IndexError):
+        _fail(path, "has a damaged AEDAT4 header: its fields point outside it")
+    try:
+        ElementTree.fromstring(description.decode("utf-8"))
+    except (UnicodeDecodeError, ElementTree.ParseError) as err:
+        _fail(path, f"has a damaged AEDAT4 header: its description is not UTF-8 XML "
+                    f"({_one_line(err)})")
+    if index > path.stat().st_size:
+        _fail(path, f"is truncated: its AEDAT4 index starts at byte {index}, beyond its "
+                    f"{path.stat().st_size} bytes")
+
+
+def _one_line(err: BaseException) -> str:
+    """An error raised inside another package as one line of plain ASCII: line breaks and
+    runs of spaces collapsed, other characters escaped, at most 200 characters."""
+    text = " ".join(str(err).split()).encode("ascii", "backslashreplace").decode("ascii")
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _relay(path: Path, err: BaseException, problem: str, position: int | None = None):
+    """Raise an error from another package as one :class:`EventFileError` sentence; let
+    interrupts and exits through (faery's Rust panics are BaseExceptions)."""
+    if not isinstance(err, Exception) and type(err).__name__ != "PanicException":
+        raise err
+    _fail(path, f"{problem} ({type(err).__name__}: {_one_line(err)})", position)
 
 
 class EventReader:
@@ -399,9 +460,9 @@ class EventReader:
             raise
         except prophesee.EvtFormatError as err:
             _fail(self.path, err.problem)
-        except Exception as err:   # faery and zlib raise plain exceptions for damaged data
-            _fail(self.path, f"cannot be decoded after event {offset}, the file is damaged "
-                             f"or truncated ({type(err).__name__}: {err})", offset)
+        except BaseException as err:   # faery and zlib raise plain exceptions for damaged data
+            _relay(self.path, err, f"cannot be decoded after event {offset}, the file is "
+                                   "damaged or truncated", offset)
 
     def _sequential(self) -> Iterator[np.ndarray]:
         if self.format == "npz":
