@@ -113,10 +113,31 @@ class Segments:
             raise ValueError(f"{self._where(i)}: label {self.labels[i]} is out of range for "
                              f"{num_classes} classes (labels 0 to {num_classes - 1})")
 
+    def check_recording(self, first_us: float, last_us: float, events) -> None:
+        """Raise a ``ValueError`` naming the first segment that does not overlap its
+        recording, whose events span ``first_us`` to ``last_us`` (the file ``events``):
+        one that starts after the last event or ends at or before the first. Times in
+        another unit than their column's name says (milliseconds under ``start_us``) move
+        segments out of the recording and are caught so, unless the recording's clock
+        starts near 0 (a thousandth of its length)."""
+        for i in range(len(self)):
+            start, end = self.start_us[i], self.end_us[i]
+            if start > last_us:
+                where = f"after the last event of {events} ({last_us:g} us)"
+            elif end <= first_us:
+                where = f"before the first event of {events} ({first_us:g} us)"
+            else:
+                continue
+            raise ValueError(f"{self._where(i)}: the segment [{start:g}, {end:g}) us lies "
+                             f"{where}; segments must overlap their recording (times in "
+                             "another unit than the column names say?)")
+
     def at(self, t_us: np.ndarray) -> np.ndarray:
         """Index of the segment holding each time ``t_us`` (any shape), ``-1`` outside
         every segment."""
         t_us = np.asarray(t_us, dtype=np.float64)
+        if not len(self):
+            return np.full(t_us.shape, -1)
         index = np.searchsorted(self.start_us, t_us, side="right") - 1
         inside = (index >= 0) & (t_us < self.end_us[np.maximum(index, 0)])
         return np.where(inside, index, -1)
@@ -158,10 +179,10 @@ def read_segments(path, *, num_classes: int | None = None,
       :class:`Segments` with labels numbered from 0 and times in microseconds.
 
     Raises:
-      ValueError: one sentence naming the file and its line: a missing column, a row
-        with too few fields or a value that is not a number, a label out of range, a
-        negative time, an end not after its start, rows out of time order, overlapping
-        segments (with ``overlaps='error'``).
+      ValueError: one sentence naming the file and its line: a header without rows, a
+        missing column, a row with too few fields or a value that is not a number, a
+        label out of range, a negative time, an end not after its start, rows out of time
+        order, overlapping segments (with ``overlaps='error'``).
     """
     one_of("overlaps", overlaps, ("error", "trim"))
     path = Path(path)
@@ -171,6 +192,9 @@ def read_segments(path, *, num_classes: int | None = None,
     if not rows:
         raise ValueError(f"{path}: the file is empty; expected a header line such as "
                          "class,startTime_usec,endTime_usec")
+    if len(rows) == 1:
+        raise ValueError(f"{path}: the file holds a header and no segments; expected a row "
+                         f"per segment below the header {','.join(rows[0][1])}")
     label, start, end, first, start_unit, end_unit = _columns(path, rows[0][1])
     labels, starts, ends, lines = [], [], [], []
     for line, row in rows[1:]:

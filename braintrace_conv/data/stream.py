@@ -187,6 +187,7 @@ def _plan(recording: Recording, reader: EventReader, dt_us: int, num_classes: in
     segments = recording.segments
     if segments is not None:
         segments.check_labels(num_classes)
+        segments.check_recording(first, last, recording.events)
     if recording.t_start_us is not None:
         if recording.t_start_us > first:
             raise ValueError(f"t_start_us={recording.t_start_us} of {recording.events} lies "
@@ -244,8 +245,10 @@ class EventStream:
         segment, for metrics read per segment.
 
     Raises:
-      ValueError: an empty recording, a label out of range, per-step labels that do not
-        cover the recording, a bad argument; events that are wrong raise
+      ValueError: an empty recording, a label out of range, a segment that does not
+        overlap the span of its recording's events
+        (:meth:`~braintrace_conv.data.Segments.check_recording`), per-step labels that do
+        not cover the recording, a bad argument; events that are wrong raise
         :class:`~braintrace_conv.data.EventFileError` naming the file and the event.
     """
 

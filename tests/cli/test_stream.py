@@ -95,9 +95,9 @@ def test_segments_that_label_nothing_are_named_by_the_option_that_found_them(tmp
     (tmp_path / 'empty' / 'user01_synthetic_labels.csv').write_text(
         'class,startTime_usec,endTime_usec\n')
     refused(tmp_path, capsys, ['stream', '--recordings', events, *SENSOR, *TINY],
-            r'error: --recordings: the segments files label no segment, so the number of '
-            r'classes is unknown; give segments files that label the recordings, or '
-            r'--num-classes$')
+            r'error: --recordings: \S+user01_synthetic_labels.csv: the file holds a header and '
+            r'no segments; expected a row per segment below the header '
+            r'class,startTime_usec,endTime_usec$')
 
 
 def test_resuming_with_other_options_is_refused_naming_them(gestures, tmp_path, capsys):

@@ -75,6 +75,33 @@ def test_a_header_without_the_columns_or_units_is_named(tmp_path):
         read_segments(write(tmp_path, "label,start,end_us\n1,2,3\n"))
     with pytest.raises(ValueError, match="the file is empty"):
         read_segments(write(tmp_path, "\n"))
+    path = write(tmp_path, HEADER + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}: the file holds a header and no "
+                                                   "segments; expected a row per segment")):
+        read_segments(path)
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("1,2000000,2100000\n1,9000000,9500000\n",
+     "line 3: the segment [9e+06, 9.5e+06) us lies after the last event of rec.npy "
+     "(5e+06 us)"),
+    ("1,2000,2100\n", "line 2: the segment [2000, 2100) us lies before the first event of "
+                      "rec.npy (1e+06 us)"),
+    ("1,500000,1000000\n", "line 2: the segment [500000, 1e+06) us lies before the first"),
+])
+def test_a_segment_outside_its_recording_is_named(tmp_path, rows, message):
+    """Segments in milliseconds under a _us header (the second case) fall before the
+    first event of a recording whose clock does not start near 0."""
+    path = write(tmp_path, HEADER + rows)
+    segments = read_segments(path)
+    with pytest.raises(ValueError, match=re.escape(f"{path}, {message}")):
+        segments.check_recording(1_000_000, 5_000_000, "rec.npy")
+
+
+def test_segments_overlapping_the_recording_at_either_end_are_kept(tmp_path):
+    segments = read_segments(write(tmp_path, HEADER + "1,0,1000001\n2,5000000,9000000\n"))
+    segments.check_recording(1_000_000, 5_000_000, "rec.npy")
+    np.testing.assert_array_equal(Segments(np.zeros(0, int), [], []).at([1, 2]), [-1, -1])
 
 
 def test_overlaps_trim_ends_a_segment_where_the_next_starts(tmp_path):

@@ -202,6 +202,22 @@ def test_wrong_labels_and_events_are_named_with_their_file(tmp_path, recordings)
                          chunk_steps=100, num_classes=3))
 
 
+@pytest.mark.parametrize("rows, message", [
+    ("1,2100000,2200000\n1,62731000,63000000\n", "line 3: the segment [6.2731e+07, 6.3e+07) "
+                                                  "us lies after the last event of"),
+    ("1,2100,2200\n", "line 2: the segment [2100, 2200) us lies before the first event of"),
+], ids=["60 s after the end", "milliseconds under _us"])
+def test_segments_outside_their_recording_are_refused_when_the_stream_is_built(
+        tmp_path, recordings, rows, message):
+    folder, events, _ = recordings
+    np.save(tmp_path / "rec.npy", events[0])
+    (tmp_path / "rec_labels.csv").write_text("class,startTime_usec,endTime_usec\n" + rows)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'rec_labels.csv'}, {message} "
+                                                   f"{tmp_path / 'rec.npy'}")):
+        EventStream(find_recordings(tmp_path), sensor_size=SENSOR, dt_us=DT, chunk_steps=50,
+                    num_classes=3)
+
+
 def test_generated_gestures_stream_identically_from_every_file_format(tmp_path):
     pytest.importorskip("faery")
     recordings = gesture_recordings(tmp_path, 2, duration_s=4.5, size=(16, 16), seed=5)
