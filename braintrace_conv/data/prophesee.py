@@ -194,19 +194,26 @@ def _unwrap(values: np.ndarray, previous, loops: int, bits: int):
 _UNKNOWN = -(1 << 62)   # a state not known yet: far below any timestamp or column
 
 
-def _latest(is_state: np.ndarray, at_state: np.ndarray, values: np.ndarray,
-            at: np.ndarray, carried) -> np.ndarray:
+def _latest(at_state: np.ndarray, values: np.ndarray, at: np.ndarray, carried,
+            is_state: np.ndarray | None = None) -> np.ndarray:
     """For each word position of ``at``: the value of the latest state word before it
-    (``is_state`` marks them, ``at_state`` lists their positions, ``values`` their
-    values), else ``carried`` (``None``: :data:`_UNKNOWN`)."""
+    (``at_state`` lists their positions, ``values`` their values; ``is_state`` marks
+    them, when at hand), else ``carried`` (``None``: :data:`_UNKNOWN`)."""
     with_carried = np.empty(len(values) + 1, np.int64)
     with_carried[0] = _UNKNOWN if carried is None else carried
     with_carried[1:] = values
+    if not len(at):
+        return with_carried[:0]
     if 8 * len(at_state) < len(at):
         # few state words: each value repeated over the words up to the next one
         before = np.searchsorted(at, at_state)
         return np.repeat(with_carried, np.diff(before, prepend=0, append=len(at)))
-    return with_carried[np.cumsum(is_state, dtype=np.int32)[at]]
+    if is_state is None:
+        is_state = np.zeros(int(at[-1]) + 1, bool)
+        is_state[at_state[at_state <= at[-1]]] = True
+    # many: the number of state words before each word, counted in one pass
+    seen = np.take(np.cumsum(is_state, dtype=np.int32), at, mode="clip")
+    return np.take(with_carried, seen, mode="clip")
 
 
 class _Evt2Decoder:
@@ -228,13 +235,14 @@ class _Evt2Decoder:
             base, _, self.high, self.loops = _unwrap(highs, self.high, self.loops, 28)
             base <<= 6
         carried, self.base = self.base, int(base[-1]) if len(base) else self.base
-        base = _latest(is_high, at_high, base, at, carried)
+        base = _latest(at_high, base, at, carried, is_high)
         if carried is None:                      # events before the first TIME_HIGH
             known = base >= 0
             at, base = at[known], base[known]
-        event_words = words[at]
+        event_words = np.take(words, at)
+        base |= (event_words >> 22) & 0x3F
         events = np.empty(len(at), self.dtype)
-        events["t"] = base | ((event_words >> 22) & 0x3F)
+        events["t"] = base
         events["x"] = (event_words >> 11) & 0x7FF
         events["y"] = event_words & 0x7FF
         events["p"] = event_words >> 28
@@ -274,28 +282,25 @@ class _Evt3Decoder:
         t = self._times(kind, payload, at)
         is_y = kind == 0
         at_y = np.flatnonzero(is_y)
-        rows = payload[at_y] & 0x7FF
-        y = _latest(is_y, at_y, rows, at, self.y)
+        rows = np.take(payload, at_y) & 0x7FF
+        y = _latest(at_y, rows, at, self.y, is_y)
         self.y = int(rows[-1]) if len(rows) else self.y
-        address = payload[at]
-        x, p = (address & 0x7FF).astype(np.int64), address >> 11
+        address = np.take(payload, at)
+        events = np.empty(len(at), self.dtype)   # one per event word; vectors below
+        events["t"], events["x"], events["y"], events["p"] = t, address & 0x7FF, y, \
+            address >> 11
         # events before the time and row are known are dropped (at the file's start)
-        known = None if settled else (t >= 0) & (y >= 0)
+        keep = None if settled else (t >= 0) & (y >= 0)
         if vectors or (kind == 3).any():
-            x, p, t, y = self._vectors(kind, payload, at, x, p, t, y, known, byte)
-        elif known is not None:
-            t, y, x, p = (a[known] for a in (t, y, x, p))
-        events = np.empty(len(x), self.dtype)
-        events["t"], events["x"], events["y"], events["p"] = t, x, y, p
-        return events
+            return self._vectors(kind, payload, at, events, keep, byte)
+        return events if keep is None else events[keep]
 
     def _times(self, kind: np.ndarray, payload: np.ndarray, at: np.ndarray) -> np.ndarray:
         """Timestamps (us) of the words ``at``; negative before the first TIME_HIGH."""
         is_time = kind == 6                      # TIME_LOW, and below TIME_HIGH changes
         lows = payload
         at_high = np.flatnonzero(kind == 8)
-        highs = np.zeros(0, np.int64)
-        changes = at_high
+        changes, highs = at_high, np.zeros(0, np.int64)
         if len(at_high):
             unwrapped, changed, self.high, self.loops = _unwrap(
                 payload[at_high].astype(np.int64), self.high, self.loops, 12)
@@ -304,23 +309,20 @@ class _Evt3Decoder:
             lows = payload.copy()
             lows[changes] = 0                    # a change of the high part: low is 0
         at_time = np.flatnonzero(is_time)
-        # the high part at each time word: the latest change at or before it
-        high = np.empty(len(highs) + 1, np.int64)
-        high[0] = _UNKNOWN if self.time_high is None else self.time_high
-        high[1:] = highs
-        values = high[np.searchsorted(changes, at_time, side="right")] + lows[at_time]
+        # the time base after each time word: the latest high part at or before it
+        values = _latest(changes, highs, at_time + 1, self.time_high)
+        values += np.take(lows, at_time)
         if len(highs):
             self.time_high = int(highs[-1])
-        t = _latest(is_time, at_time, values, at, self.time)
+        t = _latest(at_time, values, at, self.time, is_time)
         if len(values) and values[-1] >= 0:
             self.time = int(values[-1])
         return t
 
-    def _vectors(self, kind, payload, at, x, p, t, y, known, byte):
-        """The events of every word ``at``: a vector word's are its base column plus each
-        set bit of its mask, at the base's polarity (none before the first base column);
-        a single event word's is itself; none where ``known`` is False. Returns ``x, p,
-        t, y`` of the events."""
+    def _vectors(self, kind, payload, at, events, keep, byte):
+        """``events`` (one per word of ``at``, those ``keep`` marks) with each vector
+        word's event replaced by its events: the base column plus each set bit of its
+        mask, at the base's polarity (none before the first base column)."""
         vector = np.flatnonzero(kind[at] != 2)   # the vector words, as indices into at
         at_vector = at[vector]
         at_base = np.flatnonzero(kind == 3)
@@ -331,9 +333,9 @@ class _Evt3Decoder:
         np.cumsum(np.where(is_12, 12, 8), out=moved[1:])
         moved_at_base = moved[np.searchsorted(at_vector, at_base)]
         is_base = kind == 3
-        base_x = _latest(is_base, at_base, (bases & 0x7FF) - moved_at_base, at_vector,
-                         self.base_x) + moved[:-1]
-        base_p = _latest(is_base, at_base, bases >> 11, at_vector, self.base_p)
+        base_x = _latest(at_base, (bases & 0x7FF) - moved_at_base, at_vector, self.base_x,
+                         is_base) + moved[:-1]
+        base_p = _latest(at_base, bases >> 11, at_vector, self.base_p, is_base)
         if len(at_base):
             self.base_x = int(bases[-1] & 0x7FF) + int(moved[-1] - moved_at_base[-1])
             self.base_p = int(bases[-1] >> 11)
@@ -341,23 +343,25 @@ class _Evt3Decoder:
             self.base_x += int(moved[-1])
         valid = payload[at_vector] & np.where(is_12, 0xFFF, 0xFF)
         valid[base_x < 0] = 0                    # vectors before the first base column
-        counts = np.ones(len(at), np.int64)
-        counts[vector] = self._POPCOUNT[valid]
-        if known is not None:
-            counts[~known] = 0
-        p = p.copy()
-        p[vector] = np.maximum(base_p, 0)
-        first = np.cumsum(counts) - counts
-        x, p, t, y = (np.repeat(a, counts) for a in (x, p, t, y))
-        # the vector words' events: which word, which of its set bits, where they go
-        per_word = counts[vector]
-        word = np.repeat(np.arange(len(vector)), per_word)
-        rank = np.arange(len(word)) - (np.cumsum(per_word) - per_word)[word]
+        if keep is not None:
+            valid[~keep[vector]] = 0
+        single = np.ones(len(at), bool) if keep is None else keep.copy()
+        single[vector] = False
+        # the vector words' events: which word, which of its set bits
+        counts = self._POPCOUNT[valid]
+        word = np.repeat(np.arange(len(vector)), counts)
+        rank = np.arange(len(word)) - (np.cumsum(counts) - counts)[word]
         column = base_x[word] + self._BITS[self._BITS_AT[valid][word] + rank]
         if len(column) and column.max() > 0x7FF:
             i = int(np.argmax(column > 0x7FF))
             at_byte = byte + 2 * int(at_vector[word[i]])
             raise EvtFormatError(f"byte {at_byte} puts an event at column {int(column[i])}, "
                                  "beyond EVT 3.0's 2048 (a damaged file)", at_byte)
-        x[first[vector][word] + rank] = column
-        return x, p, t, y
+        expanded = np.take(events, vector[word])
+        expanded["x"], expanded["p"] = column, base_p[word]
+        # each goes where its word was: before the single events after that word; records
+        # moved as raw bytes (numpy copies structured records field by field, slowly)
+        before = np.cumsum(single)[vector[word]]
+        record = np.dtype((np.void, self.dtype.itemsize))
+        return np.insert(events.view(record)[single], before,
+                         expanded.view(record)).view(self.dtype)
