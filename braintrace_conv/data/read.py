@@ -113,6 +113,23 @@ def _check_fields(path: Path, dtype: np.dtype) -> tuple[str, ...]:
     return coordinates
 
 
+def _records(events: np.ndarray) -> np.ndarray:
+    """A contiguous event array viewed as raw records: numpy copies structured records
+    field by field, some 50 times slower than it copies their bytes."""
+    return events.view(np.dtype((np.void, events.dtype.itemsize)))
+
+
+def _copy(events: np.ndarray) -> np.ndarray:
+    return np.array(_records(events)).view(events.dtype)
+
+
+def _joined(parts: list, dtype: np.dtype) -> np.ndarray:
+    """The event arrays ``parts`` (of ``dtype``) one after the other."""
+    if not parts:
+        return np.zeros(0, dtype)
+    return np.concatenate([_records(p) for p in parts]).view(dtype)
+
+
 def _first(mask: np.ndarray) -> int:
     return int(np.argmax(mask))
 
@@ -441,7 +458,7 @@ class EventReader:
                 previous = self._array["t"][start - 1] if start <= len(self._array) else None
             for offset in range(start, len(self._array), self._block):
                 events = self._array[offset:offset + self._block]
-                events = np.array(events) if fresh else events
+                events = _copy(events) if fresh else events
                 check_events(self.path, offset, events, previous, extents)
                 previous = events["t"][-1]
                 yield offset, events
@@ -454,7 +471,7 @@ class EventReader:
                     check_events(self.path, offset, part, previous, extents)
                     previous = part["t"][-1] if len(part) else previous
                     if offset + len(part) > start:
-                        yield max(offset, start), np.array(part[max(start - offset, 0):])
+                        yield max(offset, start), _copy(part[max(start - offset, 0):])
                     offset += len(part)
         except (EventFileError, ImportError):
             raise
@@ -489,10 +506,7 @@ class EventReader:
             if stop is not None and offset >= stop:
                 break
             parts.append(events if stop is None else events[: max(stop - offset, 0)])
-        return np.concatenate(parts) if parts else self._empty()
-
-    def _empty(self) -> np.ndarray:
-        return np.zeros(0, self.dtype)
+        return _joined(parts, self.dtype)
 
     def seek_time(self, t_us: float) -> int:
         """Index of the first event at or after ``t_us`` microseconds (the number of
@@ -523,7 +537,7 @@ class EventReader:
             parts.append(events[:inside])
             if inside < len(events):
                 break
-        return np.concatenate(parts) if parts else self._empty()
+        return _joined(parts, self.dtype)
 
 
 def read_events(path, *, sensor_size: tuple | None = None) -> np.ndarray:
@@ -565,7 +579,7 @@ def read_events(path, *, sensor_size: tuple | None = None) -> np.ndarray:
         if offset + len(block) > len(events):
             _fail(reader.path, f"holds more events than the {len(events)} its index "
                                "declares (a damaged file?)", offset)
-        events[offset:offset + len(block)] = block
+        _records(events)[offset:offset + len(block)] = _records(block)
         filled = offset + len(block)
     if filled != len(events):
         _fail(reader.path, f"holds {filled} events, fewer than the {len(events)} its index "
