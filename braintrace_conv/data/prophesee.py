@@ -32,16 +32,20 @@ decoder's: a ``TIME_HIGH`` lower than the one before by at least half the counte
 smaller drop is time going backwards, which the decoded timestamps show and the reader's
 checks refuse. Timestamps are counted on from there in 64 bits, past :math:`2^{32}` µs and
 any number of wraps. A file is therefore read right when its ``TIME_HIGH`` words come less
-than half a cycle apart. Sensors write one each time the high bits change; ``faery``'s
-encoder (0.7) writes at least one every quarter cycle (EVT 3.0: every 1024 values of the
-high bits, 4.2 s; EVT 2.0: every :math:`2^{20}` values, 67 s), through any silence. A
-silence of more than half a cycle across a wrap with no ``TIME_HIGH`` word in it is
-refused as time going backwards; one of more than a whole cycle cannot be seen in the
-file at all.
+than half a cycle apart in time, as that decoder also needs. ``faery``'s encoder (0.7)
+writes them through any silence, at least every 1024 values of the high bits in EVT 3.0
+(4.2 s, a quarter cycle) and every :math:`2^{20}` in EVT 2.0 (67 s). A silence of more
+than half a cycle across a wrap without a ``TIME_HIGH`` word in it is refused as time
+going backwards; one of more than a whole cycle cannot be seen in the file at all.
 
-Pixel words before the first ``TIME_HIGH`` (EVT 3.0: or before the first row or base
-column) have no timestamp (or no address) and are dropped, as Prophesee's decoder drops
-them: a recording cut from a camera's stream may start mid-state.
+Pixel words before the first ``TIME_HIGH`` have no timestamp and are dropped, as
+Prophesee's decoder drops them; so are EVT 3.0 events before the first row or base
+column, which have no address (Prophesee's decoder puts them at row or column 0). A
+recording cut from a camera's stream may start mid-state.
+
+The header is the lines of text starting with ``%`` at the start of the file, up to a
+``% end`` line (Metavision writes one) or the first line that is not such text: ``faery``
+writes no ``% end``, and its first word may begin with the byte of ``%``.
 """
 
 from __future__ import annotations
@@ -87,12 +91,7 @@ class Header:
 
 
 def read_header(path) -> Header:
-    """The header of a Prophesee ``.raw`` file.
-
-    A header line starts with ``%`` and holds text up to its line end; the header ends
-    after a ``% end`` line or before the first line that is not such a line (a data word
-    may begin with the byte of ``%``: ``faery`` writes files whose first word does).
-    """
+    """The header of a Prophesee ``.raw`` file (module docstring for where it ends)."""
     lines, offset = [], 0
     with open(path, "rb") as f:
         while True:
@@ -155,11 +154,11 @@ def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
         f.seek(data_offset)
         byte = data_offset
         while data := f.read(block_words * word.itemsize):
-            if len(data) % word.itemsize:
-                raise EvtFormatError(
-                    f"its last word, at byte {byte + len(data) // word.itemsize * word.itemsize}"
-                    f", is cut short: {len(data) % word.itemsize} of its {word.itemsize} bytes "
-                    "are there (a truncated file?)", byte + len(data))
+            cut = len(data) % word.itemsize
+            if cut:
+                at = byte + len(data) - cut
+                raise EvtFormatError(f"its last word, at byte {at}, is cut short: {cut} of its "
+                                     f"{word.itemsize} bytes are there (a truncated file?)", at)
             yield decoder(np.frombuffer(data, word), byte)
             byte += len(data)
 
@@ -249,16 +248,9 @@ class _Evt2Decoder:
         return events
 
 
-def _mask_bits():
-    """For every 12-bit mask: its set bits in increasing order, as one flat array, the
-    offset of each mask's bits in it and their number."""
-    bits = (np.arange(4096)[:, None] >> np.arange(12)) & 1
-    counts = bits.sum(axis=1)
-    return np.nonzero(bits)[1].astype(np.int64), np.cumsum(counts) - counts, counts
-
-
 class _Evt3Decoder:
-    _BITS, _BITS_AT, _POPCOUNT = _mask_bits()
+    _TOP_BIT = np.array([mask.bit_length() - 1 for mask in range(4096)])   # -1 for none
+    _BIT_COUNT = np.array([mask.bit_count() for mask in range(4096)])
 
     def __init__(self, dtype: np.dtype):
         self.dtype = dtype
@@ -331,7 +323,7 @@ class _Evt3Decoder:
         # columns the vectors before each vector word (and after it) moved the base on
         moved = np.zeros(len(vector) + 1, np.int64)
         np.cumsum(np.where(is_12, 12, 8), out=moved[1:])
-        moved_at_base = moved[np.searchsorted(at_vector, at_base)]
+        moved_at_base = _latest(at_vector, moved[1:], at_base, 0)
         is_base = kind == 3
         base_x = _latest(at_base, (bases & 0x7FF) - moved_at_base, at_vector, self.base_x,
                          is_base) + moved[:-1]
@@ -341,27 +333,40 @@ class _Evt3Decoder:
             self.base_p = int(bases[-1] >> 11)
         elif self.base_x is not None:
             self.base_x += int(moved[-1])
-        valid = payload[at_vector] & np.where(is_12, 0xFFF, 0xFF)
+        valid = (payload[at_vector] & np.where(is_12, 0xFFF, 0xFF)).astype("<u2")
         valid[base_x < 0] = 0                    # vectors before the first base column
         if keep is not None:
             valid[~keep[vector]] = 0
         single = np.ones(len(at), bool) if keep is None else keep.copy()
         single[vector] = False
-        # the vector words' events: which word, which of its set bits
-        counts = self._POPCOUNT[valid]
-        word = np.repeat(np.arange(len(vector)), counts)
-        rank = np.arange(len(word)) - (np.cumsum(counts) - counts)[word]
-        column = base_x[word] + self._BITS[self._BITS_AT[valid][word] + rank]
-        if len(column) and column.max() > 0x7FF:
-            i = int(np.argmax(column > 0x7FF))
-            at_byte = byte + 2 * int(at_vector[word[i]])
-            raise EvtFormatError(f"byte {at_byte} puts an event at column {int(column[i])}, "
+        last = base_x + self._TOP_BIT[valid]
+        if last.max(initial=0) > 0x7FF:
+            i = int(np.argmax(last > 0x7FF))
+            at_byte = byte + 2 * int(at_vector[i])
+            raise EvtFormatError(f"byte {at_byte} puts an event at column {int(last[i])}, "
                                  "beyond EVT 3.0's 2048 (a damaged file)", at_byte)
-        expanded = np.take(events, vector[word])
-        expanded["x"], expanded["p"] = column, base_p[word]
-        # each goes where its word was: before the single events after that word; records
-        # moved as raw bytes (numpy copies structured records field by field, slowly)
-        before = np.cumsum(single)[vector[word]]
+        # the vector words' events, in order: which word, which bit of its mask
+        bits = np.flatnonzero(np.unpackbits(valid.view(np.uint8), bitorder="little")
+                              .view(bool))       # nonzero is fast on bool, slow on uint8
+        word = bits >> 4
+        # every event's record, gathered once from the event words' records and the
+        # vectors' (records moved as raw bytes: numpy copies structured ones field by
+        # field, slowly); a vector's column is its base plus the bit
+        template = np.take(events, vector)
+        template["x"], template["p"] = np.maximum(base_x, 0), np.maximum(base_p, 0)
+        counts = self._BIT_COUNT[valid]
+        per_word = single.astype(np.int64)
+        per_word[vector] = counts
+        first = np.cumsum(per_word) - per_word
+        source = np.empty(int(per_word.sum()), np.int64)
+        source[first[single]] = np.flatnonzero(single)
+        at_vector_events = np.take(first[vector] - (np.cumsum(counts) - counts), word) \
+            + np.arange(len(word))
+        source[at_vector_events] = len(at) + word
+        offset = np.zeros(len(source), events.dtype["x"])
+        offset[at_vector_events] = bits & 15
         record = np.dtype((np.void, self.dtype.itemsize))
-        return np.insert(events.view(record)[single], before,
-                         expanded.view(record)).view(self.dtype)
+        out = np.take(np.concatenate([events.view(record), template.view(record)]),
+                      source).view(self.dtype)
+        out["x"] += offset
+        return out

@@ -66,7 +66,8 @@ def reference_evt2(words):
 
 
 def header(version):
-    return f"% evt {version[-1]}.0\n% geometry 2048x2048\n".encode()
+    """Ended by ``% end``, as Metavision writes: random words after it may look like text."""
+    return f"% evt {version[-1]}.0\n% geometry 2048x2048\n% end\n".encode()
 
 
 def write_words(path, version, words):
@@ -82,9 +83,11 @@ def decoded(path, version, block_words):
     return [tuple(map(int, e)) for block in blocks for e in block]
 
 
-def random_evt3_words(rng, n):
-    kinds = rng.choice([0x0, 0x2, 0x3, 0x4, 0x5, 0x6, 0x8, 0xA, 0xE, 0x7, 0xF], n,
-                       p=[.15, .2, .1, .1, .1, .15, .1, .025, .025, .025, .025])
+def random_evt3_words(rng, n, sparse=False):
+    """Random EVT 3.0 words; ``sparse``: nearly all of them events, few state words."""
+    p = [.02, .7, .02, .1, .1, .02, .02, .005, .005, .005, .005] if sparse else \
+        [.15, .2, .1, .1, .1, .15, .1, .025, .025, .025, .025]
+    kinds = rng.choice([0x0, 0x2, 0x3, 0x4, 0x5, 0x6, 0x8, 0xA, 0xE, 0x7, 0xF], n, p=p)
     words = (kinds << 12) | rng.integers(0, 4096, n)
     bases = kinds == 0x3                       # base columns low enough to stay below 2048
     words[bases] = (0x3 << 12) | (rng.integers(0, 2, bases.sum()) << 11) | \
@@ -92,23 +95,27 @@ def random_evt3_words(rng, n):
     return words
 
 
-def random_evt2_words(rng, n):
-    kinds = rng.choice([0x0, 0x1, 0x8, 0xA, 0xE, 0xF], n, p=[.35, .35, .15, .05, .05, .05])
+def random_evt2_words(rng, n, sparse=False):
+    p = [.45, .45, .02, .04, .02, .02] if sparse else [.35, .35, .15, .05, .05, .05]
+    kinds = rng.choice([0x0, 0x1, 0x8, 0xA, 0xE, 0xF], n, p=p)
     return (kinds.astype(np.int64) << 28) | rng.integers(0, 1 << 28, n)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_the_decoders_equal_the_word_by_word_reference_whatever_the_blocks(tmp_path, seed):
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense states", "sparse states"])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_decoders_equal_the_word_by_word_reference_whatever_the_blocks(tmp_path, seed,
+                                                                           sparse):
     """Random words: every word type in any order, counters jumping back and forth
-    (wraps, and drops that are time going backwards), state words split across blocks."""
+    (wraps, and drops that are time going backwards), state words split across blocks,
+    as many as the events or few (the decoder looks them up in two ways)."""
     rng = np.random.default_rng(seed)
     for trial in range(25):
-        n = int(rng.integers(1, 300))
-        block = int(rng.integers(1, 40))
-        evt3 = write_words(tmp_path / "a.raw", "evt3", random_evt3_words(rng, n))
+        n = int(rng.integers(1, 400))
+        block = int(rng.integers(1, 80))
+        evt3 = write_words(tmp_path / "a.raw", "evt3", random_evt3_words(rng, n, sparse))
         expected = reference_evt3(np.fromfile(evt3, "<u2", offset=len(header("evt3"))))
         assert decoded(evt3, "evt3", block) == expected, (seed, trial)
-        evt2 = write_words(tmp_path / "b.raw", "evt2", random_evt2_words(rng, n))
+        evt2 = write_words(tmp_path / "b.raw", "evt2", random_evt2_words(rng, n, sparse))
         assert decoded(evt2, "evt2", block) == reference_evt2(
             np.fromfile(evt2, "<u4", offset=len(header("evt2")))), (seed, trial)
 
@@ -279,7 +286,7 @@ def test_evt2_time_going_backwards_is_the_event_named(tmp_path):
 @pytest.mark.parametrize("version, words, word, message", [
     ("evt3", [th3(1), 0x9123], 1, "holds a word of type 0x9, which EVT 3.0 does not define"),
     ("evt3", [th3(1), 0x0005, 0x3000 | 2040, 0x4FFF], 3,
-     "puts an event at column 2048, beyond EVT 3.0's 2048"),
+     "puts an event at column 2051, beyond EVT 3.0's 2048"),
     ("evt2", [0x8 << 28, 0x5 << 28], 1, "holds a word of type 0x5, which EVT 2.0 does not "
                                         "define"),
 ])
@@ -324,10 +331,13 @@ def test_the_header_ends_where_the_text_does(tmp_path):
     events = np.zeros(2, CAMERA_EVENT_DTYPE)
     events["t"], events["x"], events["y"] = [0x25 << 12, (0x25 << 12) + 10], 3, 5
     path = faery_write(tmp_path / "pct.raw", events, "evt3")
-    header = prophesee.read_header(path)
-    assert header.version == "evt3" and header.geometry == SENSOR
-    assert path.read_bytes()[header.data_offset:header.data_offset + 1] == b"%"
+    found = prophesee.read_header(path)
+    assert found.version == "evt3" and found.geometry == SENSOR
+    assert path.read_bytes()[found.data_offset:found.data_offset + 1] == b"%"
     np.testing.assert_array_equal(read_events(path), events)
+    # after "% end" even words that read as a text line are data
+    textlike = write_words(tmp_path / "text.raw", "evt3", np.frombuffer(b"%ab\n", "<u2"))
+    assert prophesee.read_header(textlike).data_offset == len(header("evt3"))
 
 
 @pytest.mark.slow
