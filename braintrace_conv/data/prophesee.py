@@ -163,10 +163,9 @@ def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
             byte += len(data)
 
 
-def _undefined(kind: np.ndarray, undefined: int, byte: int, word_bytes: int,
+def _undefined(bad: np.ndarray, kind: np.ndarray, byte: int, word_bytes: int,
                name: str) -> None:
-    """Raise for the first word whose type is a set bit of ``undefined``."""
-    bad = (undefined >> kind) & 1
+    """Raise for the first word ``bad`` marks (a type the format does not define)."""
     if bad.any():
         i = int(np.argmax(bad))
         at = byte + i * word_bytes
@@ -195,9 +194,9 @@ _UNKNOWN = -(1 << 62)   # a state not known yet: far below any timestamp or colu
 
 def _latest(at_state: np.ndarray, values: np.ndarray, at: np.ndarray, carried,
             is_state: np.ndarray | None = None) -> np.ndarray:
-    """For each word position of ``at``: the value of the latest state word before it
-    (``at_state`` lists their positions, ``values`` their values; ``is_state`` marks
-    them, when at hand), else ``carried`` (``None``: :data:`_UNKNOWN`)."""
+    """For each word position of ``at``: the value of the latest state word at or before
+    it (``at_state`` lists their positions, ``values`` their values, ``is_state`` marks
+    them when at hand), else ``carried`` (``None``: :data:`_UNKNOWN`)."""
     with_carried = np.empty(len(values) + 1, np.int64)
     with_carried[0] = _UNKNOWN if carried is None else carried
     with_carried[1:] = values
@@ -205,12 +204,12 @@ def _latest(at_state: np.ndarray, values: np.ndarray, at: np.ndarray, carried,
         return with_carried[:0]
     if 8 * len(at_state) < len(at):
         # few state words: each value repeated over the words up to the next one
-        before = np.searchsorted(at, at_state)
+        before = np.searchsorted(at, at_state, side="right")
         return np.repeat(with_carried, np.diff(before, prepend=0, append=len(at)))
     if is_state is None:
         is_state = np.zeros(int(at[-1]) + 1, bool)
         is_state[at_state[at_state <= at[-1]]] = True
-    # many: the number of state words before each word, counted in one pass
+    # many: the number of state words up to each word, counted in one pass
     seen = np.take(np.cumsum(is_state, dtype=np.int32), at, mode="clip")
     return np.take(with_carried, seen, mode="clip")
 
@@ -224,7 +223,7 @@ class _Evt2Decoder:
 
     def __call__(self, words: np.ndarray, byte: int) -> np.ndarray:
         kind = words >> 28
-        _undefined(kind, 0b10_1111_1100, byte, 4, "EVT 2.0")  # 0x2-0x7, 0x9
+        _undefined((kind - 2 <= 5) | (kind == 9), kind, byte, 4, "EVT 2.0")  # 0x2-0x7, 0x9
         is_high = kind == 8
         at = np.flatnonzero(kind <= 1)
         at_high = np.flatnonzero(is_high)
@@ -264,12 +263,12 @@ class _Evt3Decoder:
 
     def __call__(self, words: np.ndarray, byte: int) -> np.ndarray:
         kind = words >> 12
-        _undefined(kind, 0b10_0000_0010, byte, 2, "EVT 3.0")  # 0x1, 0x9
+        _undefined(kind & 7 == 1, kind, byte, 2, "EVT 3.0")     # 0x1 and 0x9
         payload = words & 0xFFF
         is_single = kind == 2
-        is_vector = (kind == 4) | (kind == 5)
-        vectors = bool(is_vector.any())
-        at = np.flatnonzero(is_single | is_vector) if vectors else np.flatnonzero(is_single)
+        vectors = bool((kind - 3 <= 2).any())  # VECT_BASE_X, VECT_12, VECT_8 (unsigned)
+        at = np.flatnonzero(is_single | (kind >> 1 == 2)) if vectors else \
+            np.flatnonzero(is_single)
         settled = self.time is not None and self.y is not None
         t = self._times(kind, payload, at)
         is_y = kind == 0
@@ -283,14 +282,13 @@ class _Evt3Decoder:
             address >> 11
         # events before the time and row are known are dropped (at the file's start)
         keep = None if settled else (t >= 0) & (y >= 0)
-        if vectors or (kind == 3).any():
+        if vectors:
             return self._vectors(kind, payload, at, events, keep, byte)
         return events if keep is None else events[keep]
 
     def _times(self, kind: np.ndarray, payload: np.ndarray, at: np.ndarray) -> np.ndarray:
         """Timestamps (us) of the words ``at``; negative before the first TIME_HIGH."""
         is_time = kind == 6                      # TIME_LOW, and below TIME_HIGH changes
-        lows = payload
         at_high = np.flatnonzero(kind == 8)
         changes, highs = at_high, np.zeros(0, np.int64)
         if len(at_high):
@@ -298,12 +296,14 @@ class _Evt3Decoder:
                 payload[at_high].astype(np.int64), self.high, self.loops, 12)
             changes, highs = at_high[changed], unwrapped[changed] << 12
             is_time[changes] = True
-            lows = payload.copy()
-            lows[changes] = 0                    # a change of the high part: low is 0
         at_time = np.flatnonzero(is_time)
-        # the time base after each time word: the latest high part at or before it
-        values = _latest(changes, highs, at_time + 1, self.time_high)
-        values += np.take(lows, at_time)
+        # the time base after each time word: the latest high part at or before it, plus
+        # the low part (0 at a change of the high part)
+        values = _latest(changes, highs, at_time, self.time_high)
+        values += np.take(payload, at_time)
+        if len(changes):
+            at_changes = np.searchsorted(at_time, changes)
+            values[at_changes] = highs
         if len(highs):
             self.time_high = int(highs[-1])
         t = _latest(at_time, values, at, self.time, is_time)
