@@ -11,8 +11,8 @@ suffix         format                                       read by
 ``.npz``       the same under the key ``events`` (or as the  numpy: memory-mapped when stored,
                only array)                                   inflated block by block when deflated
 ``.aedat4``    AEDAT 4 (iniVation DV), first event track     ``faery`` (extra ``events``)
-``.raw``       Prophesee EVT 2.0 / EVT 3.0 (from the         the library, in numpy
-               header)                                       (:mod:`~braintrace_conv.data.prophesee`)
+``.raw``       Prophesee EVT 2.0 / EVT 3.0 (from the         the library's own decoder
+               header)                                       (``prophesee.py``, numpy)
 =============  ===========================================  =====================================
 
 Events come back as numpy structured arrays with a timestamp ``t`` in microseconds, pixel
@@ -36,9 +36,9 @@ from __future__ import annotations
 import dataclasses
 import struct
 import zipfile
-from xml.etree import ElementTree
 from collections.abc import Iterator
 from pathlib import Path
+from xml.etree import ElementTree
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -120,6 +120,7 @@ def _records(events: np.ndarray) -> np.ndarray:
 
 
 def _copy(events: np.ndarray) -> np.ndarray:
+    """A fresh copy of a contiguous event array, made as raw records."""
     return np.array(_records(events)).view(events.dtype)
 
 

@@ -119,7 +119,8 @@ class Segments:
         one that starts after the last event or ends at or before the first. Times in
         another unit than their column's name says (milliseconds under ``start_us``) move
         segments out of the recording and are caught so, unless the recording's clock
-        starts near 0 (a thousandth of its length)."""
+        starts near 0: there they label only its first thousandth, which no check can tell
+        from a real label."""
         for i in range(len(self)):
             start, end = self.start_us[i], self.end_us[i]
             if start > last_us:
