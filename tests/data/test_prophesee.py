@@ -17,7 +17,7 @@ from braintrace_conv.data import (
 )
 
 SENSOR = (24, 16)
-WRAP = {"evt3": 1 << 24, "evt2": 1 << 34}     # the timestamps' wrap, microseconds
+EVT3_WRAP = 1 << 24            # microseconds; EVT 2.0's timestamps wrap at 2^34
 
 
 # ----------------------------------------------------------------- the reference decoder
@@ -131,7 +131,7 @@ def recording_with_gaps(crossing=SHORT_GAPS, seconds=100, seed=0):
     across a wrap of EVT 3.0's counter in turn, and between them silences of 1 ms to 1 s
     within one cycle (EVT 2.0's wraps lie far beyond); about ``seconds`` long."""
     rng = np.random.default_rng(seed)
-    wrap, parts, t = WRAP["evt3"], [], 2_000_000
+    wrap, parts, t = EVT3_WRAP, [], 2_000_000
 
     def burst(start):
         n = int(rng.integers(5, 40))
@@ -177,7 +177,7 @@ def test_recordings_of_100_s_with_silences_across_wraps_read_back_event_exact(
     pytest.importorskip("faery")
     events = recording_with_gaps(crossing)
     t = events["t"]
-    across = np.diff(t)[t[1:] // WRAP["evt3"] != t[:-1] // WRAP["evt3"]]
+    across = np.diff(t)[t[1:] // EVT3_WRAP != t[:-1] // EVT3_WRAP]
     assert set(crossing) <= set(across) and t[-1] >= 90_000_000
     path = tmp_path / "rec.raw"
     if writer == "faery":
