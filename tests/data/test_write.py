@@ -42,6 +42,20 @@ def test_camera_files_round_trip_event_exact(tmp_path, suffix, format):
     assert reader.seek_time(events["t"][7000]) == np.searchsorted(events["t"], events["t"][7000])
 
 
+@pytest.mark.parametrize("suffix, format", [(".aedat4", "aedat4"), (".raw", "evt3"),
+                                            (".raw", "evt2")])
+def test_camera_files_keep_timestamps_across_silences_and_past_2_to_the_32(tmp_path, suffix,
+                                                                         format):
+    """AEDAT4 stores whole 64-bit timestamps; EVT files counters that wrap (prophesee)."""
+    pytest.importorskip("faery")
+    events = recording(8)
+    events["t"] = [10, 4_999, 16_777_200, 16_782_300, 36_000_000, (1 << 32) + 5,
+                   (1 << 33) + 7, (1 << 35) + 1]
+    path = write_events(tmp_path / f"late{suffix}", events, sensor_size=(24, 16),
+                        format=format)
+    np.testing.assert_array_equal(read_events(path), events)
+
+
 def test_wrong_events_and_arguments_are_refused_before_writing(tmp_path):
     events = recording(100)
     events["t"][50] = 0
