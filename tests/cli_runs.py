@@ -31,6 +31,13 @@ def files_of(directory) -> dict:
             if os.path.islink(os.path.join(r, f)) or f in names}
 
 
+def run_files(out) -> dict:
+    """:func:`files_of` the run in ``out`` ({} if there is none), leaving out its lock and
+    what a run writes before its first checkpoint (hidden)."""
+    return {k: v for k, v in files_of(out).items() if not k.startswith('.')} \
+        if os.path.exists(out) else {}
+
+
 def error_line(capsys) -> str:
     """The one error line of a refused command (after its usage line), with no traceback."""
     err = capsys.readouterr().err

@@ -59,7 +59,7 @@ from typing import Optional, Sequence
 
 from .evaluate import evaluate
 from .options import DEFAULT_CACHE_SIZE, MODEL_DEFAULTS, RUN_OPTIONS, SHD_CHANNELS, TASK_DEFAULTS
-from .parser import PROG, Interrupted, UsageError, build_parser
+from .parser import PROG, Interrupted, RunError, UsageError, build_parser
 from .stream import stream
 from .train import train
 
@@ -109,8 +109,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         said = f'; {interruption}' if isinstance(interruption, Interrupted) else ''
         print(f'{PROG}: interrupted{said}', file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (OSError, FloatingPointError) as error:    # FloatingPointError: --nonfinite raise
-        print(f'{PROG}: error: {error}', file=sys.stderr)
+    # FloatingPointError: a non-finite update with --nonfinite raise
+    except (OSError, FloatingPointError, RunError) as error:
+        print(f'{PROG}: error: {" ".join(str(error).split())}', file=sys.stderr)
         return EXIT_ERROR
     except MemoryError:
         print(f'{PROG}: error: out of memory; lower the sizes of the task or the model '

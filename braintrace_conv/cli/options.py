@@ -321,7 +321,8 @@ TRAIN_OPTIONS = (
            help='continue the run in OUT from its last checkpoint (the run options must be '
                 'those of the run; a larger --epochs extends a finished run)'),
     Option('overwrite', flag=True, default=False, stored='never', group='existing',
-           help='replace the run in OUT (otherwise a run there is an error)'),
+           help='replace the run in OUT once this run has written its first checkpoint '
+                '(otherwise a run there is an error)'),
     Option('quiet', flag=True, default=False, stored='never',
            help='no progress bar or epoch lines'),
 )

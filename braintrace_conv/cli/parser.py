@@ -41,6 +41,11 @@ class Interrupted(Exception):
     """The command was interrupted; the message says what was kept and how to go on."""
 
 
+class RunError(Exception):
+    """A run stopped by an error other than the user's input (an I/O error, a non-finite
+    update with ``--nonfinite raise``): one line saying what was kept, exit code 1."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(message, self.format_usage())

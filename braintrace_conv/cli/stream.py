@@ -26,7 +26,7 @@ import brainstate
 
 from .. import ES_D_RTRL
 from .._memory import peak_rss_mib
-from ..data import EventStream, Recording, read_segments
+from ..data import EventReader, EventStream, Recording, read_segments
 from ..models import recurrent_conv_snn
 from ..training import Trainer, checkpoint, logs, run_dir
 from ..training.stream_state import StreamRun, lagging, run_differences
@@ -34,7 +34,7 @@ from .build import _learner, optimizer
 from .options import STREAM_OPTIONS, flag, given, stored_options
 from .parser import Interrupted, UsageError, usage_error
 from .resolve import check_values, devices, option_list, refuse_without_effect
-from .train import _out_error, _remove_new_run, checked_out, holding_out
+from .train import _out_error, checked_out, holding_out, kept, last_checkpoint, stopped
 
 __all__ = ['stream', 'SUMMARY']
 
@@ -111,18 +111,28 @@ def _classes(values: dict, given_names: list, usage: str) -> int:
     return largest + 1
 
 
-def _recordings(files, segments, option: str, usage: str) -> list:
+def _recordings(files, segments, option: str, usage: str, sensor_size=None) -> list:
+    """The :class:`Recording` of each event file of ``option`` with its segments file; with
+    ``sensor_size``, every event of each file is read and checked first
+    (:meth:`EventReader.blocks <braintrace_conv.data.EventReader.blocks>`: memory-mapped
+    ``.npy`` and stored ``.npz`` files, camera files decoded), so that bad data stop a run
+    before it writes anything."""
     try:
+        for path in files if sensor_size is not None else ():
+            for _ in EventReader(path, sensor_size=sensor_size).blocks():
+                pass
         return [Recording(f, s) for f, s in zip(files, segments)]
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, ImportError) as error:
         raise UsageError(f'{flag(option)}: {error}', usage) from None
 
 
 def _streams(run, usage: str) -> tuple:
-    """``(training stream, held-out stream or None)`` of the resolved options ``run``."""
-    train = _recordings(run.recordings, run.segments, 'recordings', usage)
+    """``(training stream, held-out stream or None)`` of the resolved options ``run``, every
+    event of their files checked (:func:`_recordings`)."""
+    sensor = tuple(run.sensor_size)
+    train = _recordings(run.recordings, run.segments, 'recordings', usage, sensor)
     held = (None if run.held_out is None else
-            _recordings(run.held_out, run.held_out_segments, 'held_out', usage))
+            _recordings(run.held_out, run.held_out_segments, 'held_out', usage, sensor))
     common = dict(sensor_size=tuple(run.sensor_size), dt_us=run.dt_us,
                   chunk_steps=run.update_every, num_classes=run.num_classes)
     streams = []
@@ -191,47 +201,50 @@ def stream(args, usage: str, start: float) -> int:
         return 0
     train, held = _streams(run, usage)
     trainer = _trainer(run, train, usage)
+    try:
+        trainer.check_fit_stream(train, **_fit_arguments(run, held))
+    except (ValueError, TypeError) as error:
+        raise usage_error(error, usage) from None
     return holding_out(run, usage, out_existed,
                        lambda: _fit(run, usage, start, trainer, train, held))
+
+
+def _fit_arguments(run, held) -> dict:
+    """The arguments of ``Trainer.fit_stream`` and ``Trainer.check_fit_stream`` of ``run``
+    (``held``: the held-out stream)."""
+    return dict(eval_stream=held, eval_every=run.eval_every, max_steps=run.max_steps,
+                settle_steps=run.settle_steps, out_dir=run.out, resume=run.resume,
+                overwrite=run.overwrite, run_config=stored_options(vars(run), STREAM_OPTIONS),
+                checkpoint_every=run.checkpoint_every, log_every=run.log_every)
 
 
 def _fit(run, usage: str, start: float, trainer: Trainer, train, held) -> int:
     """Learn from the stream (holding the run directory), then report."""
     if not run.quiet:
         print(_start_line(run, trainer, train, held), flush=True)
+    before = last_checkpoint(run)
     try:
-        result = trainer.fit_stream(
-            train, eval_stream=held, eval_every=run.eval_every, max_steps=run.max_steps,
-            settle_steps=run.settle_steps, out_dir=run.out, resume=run.resume,
-            overwrite=run.overwrite, run_config=stored_options(vars(run), STREAM_OPTIONS),
-            checkpoint_every=run.checkpoint_every, log_every=run.log_every,
-            progress=not run.quiet)
+        result = trainer.fit_stream(train, progress=not run.quiet,
+                                    **_fit_arguments(run, held))
     except checkpoint.CheckpointError as error:
         raise UsageError(f'--resume: {error}', usage) from None
     except (run_dir.RunExistsError, run_dir.NothingToResumeError,
             run_dir.RunLockedError) as error:
         raise _out_error(run, error, usage) from None
-    except (ValueError, TypeError) as error:
-        _remove_new_run(run)
-        raise usage_error(error, usage) from None
+    except (ValueError, TypeError, OSError, FloatingPointError) as error:
+        if isinstance(error, run_dir.RunDirectoryLostError):
+            raise
+        raise stopped(error, run, before, usage) from None
     except KeyboardInterrupt:
-        raise Interrupted(_interrupted(run)) from None
+        raise Interrupted(kept(run, before, f'the run is saved in {run.out} up to its last '
+                                            f'checkpoint; rerun with --resume and the same '
+                                            f'options to continue from there')) from None
     wall = time.perf_counter() - start
     peak_mb = peak_rss_mib()
     with run_dir.locked(run.out):
         logs.write_metrics(run.out, dict(result, **dict(zip(SUMMARY, (wall, peak_mb)))))
     print(_end_line(result, wall, peak_mb))
     return 0
-
-
-def _interrupted(run) -> str:
-    """What an interruption kept, and how to go on."""
-    if (run.out / run_dir.LAST_CHECKPOINT).exists():
-        return (f'the run is saved in {run.out} up to its last checkpoint; rerun with --resume '
-                f'and the same options to continue from there')
-    if _remove_new_run(run):
-        return 'no checkpoint was written, and nothing was kept'
-    return 'no checkpoint was written; rerun with --overwrite to start again'
 
 
 def _seconds(steps: int, dt_us: int) -> str:

@@ -15,7 +15,7 @@ from ..training._fit import hold
 from ..training.state import run_differences
 from .build import setup
 from .options import spell
-from .parser import PROG, Interrupted, UsageError, usage_error
+from .parser import PROG, Interrupted, RunError, UsageError, usage_error
 from .resolve import option_list, resolve, run_config
 
 __all__ = ['train', 'SUMMARY']
@@ -123,23 +123,45 @@ def _fit_arguments(run) -> dict:
                 log_every=run.log_every, verify_data=run.verify_data)
 
 
-def _remove_new_run(run) -> bool:
-    """After a new run failed before its first checkpoint: remove the run files it wrote
-    (the directory held no run before, or was to be replaced), under the directory's lock.
-    Returns whether it did."""
-    if run.resume or (run.out / run_dir.LAST_CHECKPOINT).exists():
-        return False
+def last_checkpoint(run):
+    """What identifies the last checkpoint in ``--out`` (a new file each time one is
+    written), or ``None`` if there is none: taken before a run, :func:`kept` tells by it
+    whether the run wrote one."""
     try:
-        run_dir.create(run.out, overwrite=True)
+        found = os.stat(run.out / run_dir.LAST_CHECKPOINT)
     except OSError:
-        return False
-    return True
+        return None
+    return found.st_dev, found.st_ino, found.st_mtime_ns
+
+
+def kept(run, before, saved: str) -> str:
+    """What a run stopped by an error or an interruption left in ``--out``: ``saved`` if it
+    continued a run (``--resume``) or wrote a checkpoint of its own (its last checkpoint
+    is no longer ``before``, :func:`last_checkpoint`); else nothing of it, and the run it
+    was to replace is as it was."""
+    if run.resume or last_checkpoint(run) not in (None, before):
+        return saved
+    if before is not None:
+        return f'the run in {run.out} was not replaced'
+    return 'no checkpoint was written, and nothing was kept'
+
+
+def stopped(error: Exception, run, before, usage: str, prefix: str = '') -> Exception:
+    """A run stopped by ``error`` (bad data met while training, an I/O error, a non-finite
+    update with ``--nonfinite raise``) as one line, with what it left in ``--out``
+    (:func:`kept`): a user error (exit code 2) for a value, else :class:`RunError`."""
+    where = kept(run, before, f'the run in {run.out} is kept as of its last checkpoint')
+    if isinstance(error, (ValueError, TypeError)):
+        refused = usage_error(error, usage, prefix)
+        return UsageError(f'{str(refused).rstrip(".")}; {where}', usage)
+    return RunError(f'{str(error).rstrip(".")}; {where}')
 
 
 def _fit(run, usage: str, start: float, trainer: Trainer, train_set, test_set) -> int:
     """Train (holding the run directory's lock), write the final metrics and report."""
     if not run.quiet:
         print(_start_line(run, trainer, train_set, test_set), flush=True)
+    before = last_checkpoint(run)
     try:
         trainer.fit(train_set, eval_dataset=test_set, progress=not run.quiet,
                     **_fit_arguments(run))
@@ -148,11 +170,14 @@ def _fit(run, usage: str, start: float, trainer: Trainer, train_set, test_set) -
     except (run_dir.RunExistsError, run_dir.NothingToResumeError,
             run_dir.RunLockedError) as error:
         raise _out_error(run, error, usage) from None   # another process came first
-    except (ValueError, TypeError) as error:
-        _remove_new_run(run)
-        raise _data_error(run, error, usage) from None
+    except (ValueError, TypeError, OSError, FloatingPointError) as error:
+        if isinstance(error, run_dir.RunDirectoryLostError):
+            raise
+        raise stopped(error, run, before, usage, _data_prefix(run, error)) from None
     except KeyboardInterrupt:
-        raise Interrupted(_interrupted(run, trainer)) from None
+        raise Interrupted(kept(run, before, f'epochs 1-{trainer.epoch} are saved in {run.out}; '
+                                            f'rerun with --resume and the same options to '
+                                            f'continue')) from None
     wall = time.perf_counter() - start
     peak_mb = peak_rss_mib()
     summary = dict(zip(SUMMARY, (run.task, wall, peak_mb, len(train_set), len(test_set))))
@@ -185,19 +210,9 @@ def _start_line(run, trainer: Trainer, train_set, test_set) -> str:
             + f'; {run.devices} device(s); run directory {run.out}')
 
 
-def _data_error(run, error: Exception, usage: str) -> UsageError:
-    """A value refused while training: an option's (named), or bad data met in a streamed
-    file (of ``--data``)."""
+def _data_prefix(run, error: Exception) -> str:
+    """What names the source of a value refused while training: nothing for an option's
+    (the message names it), ``--data: `` for bad data met in a streamed file."""
     if isinstance(error, ArgumentError) and spell(error.name) is not None:
-        return usage_error(error, usage)
-    return usage_error(error, usage, prefix='--data: ' if run.task == 'events' else '')
-
-
-def _interrupted(run, trainer: Trainer) -> str:
-    """What an interruption kept, and how to go on."""
-    if trainer.epoch:
-        return (f'epochs 1-{trainer.epoch} are saved in {run.out}; rerun with --resume and the '
-                f'same options to continue')
-    if _remove_new_run(run):
-        return 'no epoch was completed, and nothing was kept'
-    return 'no epoch was completed; rerun with --overwrite to start again'
+        return ''
+    return '--data: ' if run.task == 'events' else ''

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,10 +28,11 @@ def hold(out_dir: Union[str, os.PathLike], *, resume: bool, overwrite: bool,
     """Hold the run directory ``out_dir`` for the ``with`` block: checked
     (:func:`~.run_dir.check`, so a refused directory is left as it was), then, by the
     process that writes the run (``writer``), locked, checked again under the lock
-    (another process may have written a run there meanwhile) and created. A run to be
-    replaced (``overwrite``) is still there: :func:`fit` replaces it once its arguments
-    and data are checked. Re-entrant, so a caller holding the directory (the command
-    line, until its last write) may fit in it. Yields the directory as a ``Path``."""
+    (another process may have written a run there meanwhile) and created
+    (:func:`~.run_dir.create`). A run to be replaced (``overwrite``) is still there: a new
+    run replaces it only with its own first checkpoint (:class:`RunFiles`). Re-entrant,
+    so a caller holding the directory (the command line, until its last write) may fit
+    in it. Yields the directory as a ``Path``."""
     out_dir = run_dir.check(out_dir, resume=resume, overwrite=overwrite)
     # every process checks the directory before the first one writes to it
     placement.sync_processes('braintrace_conv: run directory checked')
@@ -39,8 +41,66 @@ def hold(out_dir: Union[str, os.PathLike], *, resume: bool, overwrite: bool,
         return
     with run_dir.locked(out_dir):
         run_dir.check(out_dir, resume=resume, overwrite=overwrite)
-        run_dir.create(out_dir, overwrite=False)
+        run_dir.create(out_dir)
         yield out_dir
+
+
+class RunFiles:
+    """Where the process that writes a run puts its files, in the run directory
+    ``out_dir`` it holds (:func:`hold`): a resumed run writes there; a new run (also one
+    replacing another) writes into a staging directory (:func:`~.run_dir.stage`) until
+    its first checkpoint, with which :meth:`save` moves everything in
+    (:func:`~.run_dir.commit`), so a run that fails or is interrupted before it leaves the
+    run directory as it was. :meth:`close` closes the scalar log and removes a staging
+    directory never committed.
+
+    Attributes:
+      directory: Where the run writes now.
+      log: The run's :class:`~.logs.ScalarLog` (:meth:`open_log`), or ``None``.
+    """
+
+    def __init__(self, out_dir: Path, *, resume: bool):
+        self.out_dir = out_dir
+        self.directory = out_dir if resume else run_dir.stage(out_dir)
+        self.log: Optional[logs.ScalarLog] = None
+
+    def open_log(self, **options) -> logs.ScalarLog:
+        """Open the scalar log in :attr:`directory` (``options``: those of
+        :class:`~.logs.ScalarLog`)."""
+        self.log = logs.ScalarLog(self.directory, **options)
+        return self.log
+
+    def save(self, snapshot: tuple, improved: bool, write_logs) -> None:
+        """The scalar log made durable, the last (and, ``improved``, the best) checkpoint of
+        ``snapshot`` ``(arrays, metadata)``, then the logs (``write_logs(directory)``,
+        ``metrics.json`` last), holding the run directory (:func:`~.run_dir.locked` raises
+        :class:`~.run_dir.RunDirectoryLostError` if it was removed meanwhile); a new run's
+        first checkpoint then moves it into the run directory."""
+        with run_dir.locked(self.out_dir):
+            if self.log is not None:
+                self.log.sync()
+            checkpoint.write(self.directory / run_dir.LAST_CHECKPOINT, *snapshot)
+            if improved:
+                checkpoint.write(self.directory / run_dir.BEST_CHECKPOINT, *snapshot)
+            write_logs(self.directory)
+            if self.directory != self.out_dir:
+                self._commit()
+
+    def _commit(self) -> None:
+        if self.log is not None:        # moved closed: Windows renames no open file
+            self.log.close()
+        run_dir.commit(self.out_dir, self.directory)
+        self.directory = self.out_dir
+        if self.log is not None:
+            self.log.reopen(self.out_dir)
+
+    def close(self) -> None:
+        """Close the scalar log; remove the staging directory of a run that wrote no
+        checkpoint (the run directory is as it was before the run)."""
+        if self.log is not None:
+            self.log.close()
+        if self.directory != self.out_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class _Arguments(NamedTuple):
@@ -103,21 +163,23 @@ def fit(trainer, train_dataset, *, epochs: int, batch_size: int, seed: int, eval
                            out_dir=out_dir, resume=resume, overwrite=overwrite,
                            run_config=run_config, log_every=log_every, verify_data=verify_data)
     with contextlib.ExitStack() as stack:
-        log = None
+        files = None
         if out_dir is not None:
             fit_config = _fit_config(args, train_dataset, eval_dataset)
             out_dir = stack.enter_context(hold(out_dir, resume=resume, overwrite=overwrite,
                                                writer=trainer._writer))
-            log = _open_run(trainer, out_dir, resume, overwrite, args.epochs,
-                            dict(run=args.run_config, trainer=trainer.config(), fit=fit_config),
-                            tensorboard, dict(train_data=train_dataset, eval_data=eval_dataset))
-            if log is not None:
-                stack.callback(log.close)
+            files = _open_run(trainer, out_dir, resume, args.epochs,
+                              dict(run=args.run_config, trainer=trainer.config(),
+                                   fit=fit_config),
+                              tensorboard, dict(train_data=train_dataset,
+                                                eval_data=eval_dataset))
+            if files is not None:
+                stack.callback(files.close)
         trainer.run_config = args.run_config
         if trainer._rng is None:
             trainer._rng = np.random.default_rng(args.seed)
         while trainer.epoch < args.epochs:
-            _run_epoch(trainer, train_dataset, eval_dataset, args, out_dir, log,
+            _run_epoch(trainer, train_dataset, eval_dataset, args, files,
                        progress and trainer._writer)
     return trainer.history
 
@@ -132,9 +194,10 @@ def _fit_config(args: _Arguments, train_dataset, eval_dataset) -> dict:
                 eval_data=data_fingerprint(eval_dataset, contents=args.verify_data))
 
 
-def _run_epoch(trainer, train_dataset, eval_dataset, args: _Arguments, out_dir: Optional[Path],
-               log: Optional[logs.ScalarLog], progress: bool) -> None:
+def _run_epoch(trainer, train_dataset, eval_dataset, args: _Arguments,
+               files: Optional[RunFiles], progress: bool) -> None:
     """One epoch: train, evaluate, record, and (with a run directory) save the run."""
+    log = None if files is None else files.log
     record = _train_epoch(trainer, train_dataset, args.batch_size, args.epochs, progress, log,
                           args.log_every)
     if eval_dataset is not None:
@@ -147,22 +210,19 @@ def _run_epoch(trainer, train_dataset, eval_dataset, args: _Arguments, out_dir: 
         trainer.best is None or record['test_accuracy'] > trainer.best['test_accuracy'])
     if improved:
         trainer.best = dict(epoch=trainer.epoch, test_accuracy=record['test_accuracy'])
-    if log is not None:
-        log.log_epoch(trainer.updates, record)
-        log.sync()
-        _save_run(out_dir, state.snapshot(trainer), improved, trainer.write_logs)
+    if files is not None:
+        files.log.log_epoch(trainer.updates, record)
+        files.save(state.snapshot(trainer), improved, trainer.write_logs)
     if progress:
         tqdm.write(_summary_line(record, args.epochs))
 
 
-def _open_run(trainer, out_dir: Path, resume: bool, overwrite: bool, epochs: int,
-              expected: dict, tensorboard: Optional[bool], datasets: dict):
-    """Prepare the held run directory: replace the run in it (``overwrite``), or restore
-    its last checkpoint (``resume``, checking ``datasets``, keyed like their fingerprints
-    in ``expected['fit']``) and repair what a run killed after it left behind; returns
-    the scalar log (``None`` on other processes than the first)."""
-    if trainer._writer and overwrite:
-        run_dir.create(out_dir, overwrite=True)
+def _open_run(trainer, out_dir: Path, resume: bool, epochs: int, expected: dict,
+              tensorboard: Optional[bool], datasets: dict) -> Optional[RunFiles]:
+    """Prepare the held run directory: restore its last checkpoint (``resume``, checking
+    ``datasets``, keyed like their fingerprints in ``expected['fit']``) and repair what a
+    run killed after it left behind; returns where the run writes, with its scalar log
+    open (``None`` on other processes than the first)."""
     if resume:
         state.restore(trainer, out_dir / run_dir.LAST_CHECKPOINT, expected,
                       functools.partial(state.run_differences, epochs=epochs), datasets)
@@ -170,9 +230,11 @@ def _open_run(trainer, out_dir: Path, resume: bool, overwrite: bool, epochs: int
             _repair_run(out_dir, run_dir.lagging(out_dir, trainer.epoch, trainer.best),
                         trainer.write_logs)
     trainer._fit_config = expected['fit']
-    if trainer._writer:
-        return logs.ScalarLog(out_dir, start_update=trainer.updates, tensorboard=tensorboard)
-    return None
+    if not trainer._writer:
+        return None
+    files = RunFiles(out_dir, resume=resume)
+    files.open_log(start_update=trainer.updates, tensorboard=tensorboard)
+    return files
 
 
 def _repair_run(out_dir: Path, found: list, write_logs) -> None:
@@ -218,18 +280,6 @@ def _train_epoch(trainer, dataset, batch_size: int, epochs: int, progress: bool,
                 train_accuracy=correct / seen,
                 skipped_updates=trainer.skipped_updates - skipped_before,
                 epoch_time_s=time.perf_counter() - start)
-
-
-def _save_run(out_dir: Path, snapshot: tuple, improved: bool, write_logs) -> None:
-    """The last (and, ``improved``, the best) checkpoint of ``snapshot`` ``(arrays,
-    metadata)``, then the logs (``write_logs(out_dir)``, ``metrics.json`` last), into the
-    run directory still held (:func:`~.run_dir.locked` raises
-    :class:`~.run_dir.RunDirectoryLostError` if it was removed meanwhile)."""
-    with run_dir.locked(out_dir):
-        checkpoint.write(out_dir / run_dir.LAST_CHECKPOINT, *snapshot)
-        if improved:
-            checkpoint.write(out_dir / run_dir.BEST_CHECKPOINT, *snapshot)
-        write_logs(out_dir)
 
 
 def _bar_shown() -> bool:

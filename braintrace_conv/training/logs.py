@@ -133,9 +133,19 @@ class ScalarLog:
         writer.writerow(self.columns)
         writer.writerows(rows)
         atomic_write(self.path, text.getvalue().encode())
+        self._tensorboard = tensorboard
         self._file = open(self.path, 'a', newline='')
         self._csv = csv.writer(self._file, lineterminator='\n')
         self._tb = _summary_writer(self.path.parent, tensorboard, start_update + 1)
+
+    def reopen(self, directory: Union[str, os.PathLike]) -> None:
+        """Continue the log, :meth:`close`\\ d, in ``directory``, where its files were
+        moved (a new run's first checkpoint moves them from where it started)."""
+        self.path = Path(directory) / SCALARS_NAME
+        self._file = open(self.path, 'a', newline='')
+        self._csv = csv.writer(self._file, lineterminator='\n')
+        if self._tb is not None:
+            self._tb = _summary_writer(self.path.parent, self._tensorboard, 0)
 
     def _rows_until(self, update: int) -> list:
         if update == 0 or not self.path.is_file():

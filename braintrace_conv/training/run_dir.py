@@ -21,11 +21,19 @@ naming it. While a process holds the lock, each re-entry checks that the lock
 file is still the one it holds, so a run directory removed or replaced during
 a run is an error (:class:`RunDirectoryLostError`), never silently recreated.
 
-A run is replaced all or nothing: its files are first renamed into a fresh
-hidden directory beside them (:data:`TRASH_PREFIX`; a rename fails up front,
-e.g. on permissions, and those already moved are moved back), then deleted.
-Temporary files left by a killed write, and such directories left by a
-killed replacement, are removed when a run is resumed or replaced.
+A new run (also one that replaces another) writes into a fresh hidden directory
+in the run directory (:data:`STAGING_PREFIX`, :func:`stage`) until its first
+checkpoint; :func:`commit` then moves its files in. Until then the run directory
+is left exactly as it was, so a run that fails or is killed before its first
+checkpoint loses nothing, and the run it was to replace is still there. The run
+being replaced is removed only by :func:`commit`, all or nothing: its files are
+first renamed into a fresh hidden directory beside them (:data:`TRASH_PREFIX`; a
+rename fails up front, e.g. on permissions, and those already moved are moved
+back), the new run's files are moved in (its last checkpoint first), and only
+then are the old files deleted. What a killed run left is cleared when a run is
+next written there (:func:`create`): temporary files and staging directories are
+removed, and the files of a replaced run are deleted if the new run's last
+checkpoint was moved in, else moved back.
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from .._validation import one_of
+from ._files import fsync_dir
 
 try:
     import fcntl
@@ -52,8 +61,8 @@ except ImportError:     # no advisory locks on this platform: an exclusively cre
 
 __all__ = ['LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'METRICS_NAME', 'SCALARS_NAME', 'CURVE_NAME',
            'TENSORBOARD_DIR', 'RUN_FILES', 'CHECKPOINTS', 'LOCK_NAME', 'TRASH_PREFIX',
-           'RunLockedError', 'RunExistsError', 'NothingToResumeError', 'RunDirectoryLostError',
-           'run_files', 'check', 'create', 'locked', 'lock_holder', 'lagging', 'lagging_files',
+           'STAGING_PREFIX', 'RunLockedError', 'RunExistsError', 'NothingToResumeError',
+           'RunDirectoryLostError', 'run_files', 'check', 'create', 'stage', 'commit', 'locked', 'lock_holder', 'lagging', 'lagging_files',
            'checkpoint_file']
 
 #: Checkpoint after the last completed epoch.
@@ -77,6 +86,8 @@ RUN_FILES = (LAST_CHECKPOINT, BEST_CHECKPOINT, METRICS_NAME, SCALARS_NAME, CURVE
 LOCK_NAME = '.lock'
 #: Prefix of the hidden directory the files of a run being replaced are moved into.
 TRASH_PREFIX = '.replaced-run.'
+#: Prefix of the hidden directory a new run writes in until its first checkpoint.
+STAGING_PREFIX = '.new-run.'
 # Locks this process holds: directory -> [what releases it, what tells whether its lock file
 # is still the one held, depth].
 _held: dict = {}
@@ -473,19 +484,66 @@ def check(directory: Union[str, os.PathLike], *, resume: bool, overwrite: bool) 
     return directory
 
 
-def create(directory: Union[str, os.PathLike], *, overwrite: bool) -> Path:
-    """Create ``directory`` and check that it is writable (``OSError`` otherwise); with
-    ``overwrite``, first remove the run files in it, all or nothing (:func:`_replace`).
-    What interrupted writes and replacements left is removed."""
+def create(directory: Union[str, os.PathLike]) -> Path:
+    """Create ``directory`` and check that it is writable (``OSError`` otherwise); clear
+    what killed runs left there: temporary files of run files and staging directories
+    are removed; the files of a replaced run (:data:`TRASH_PREFIX`) are deleted where the
+    run that replaced them has its last checkpoint in ``directory``, else (a run killed
+    while :func:`commit` moved the files) moved back."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=directory):
         pass
     for stale in _stale_temporaries(directory):
+        if stale.name.startswith(TRASH_PREFIX) and \
+                not os.path.lexists(directory / LAST_CHECKPOINT):
+            _move(run_files(stale), stale, directory, 'cannot restore the run in '
+                                                      f'{directory}')
         _remove(stale)
-    if overwrite:
-        _replace(directory)
     return directory
+
+
+def stage(directory: Union[str, os.PathLike]) -> Path:
+    """A fresh hidden directory in the run directory ``directory`` (:data:`STAGING_PREFIX`)
+    for a new run to write in until its first checkpoint (:func:`commit`)."""
+    return Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
+
+
+def commit(directory: Union[str, os.PathLike], staging: Union[str, os.PathLike]) -> None:
+    """Make the run written in ``staging`` (:func:`stage`, holding at least its last
+    checkpoint) the run of ``directory``, replacing the run there all or nothing: its
+    files are renamed into a fresh hidden directory (:data:`TRASH_PREFIX`), the staged
+    files renamed into ``directory`` (the last checkpoint first), then the old files and
+    ``staging`` deleted. A rename that fails moves back what was moved and raises
+    ``OSError`` naming the file; the run in ``directory`` is then unchanged. A run killed
+    meanwhile is completed or undone by the next :func:`create`."""
+    directory, staging = Path(directory), Path(staging)
+    old = run_files(directory)
+    trash = Path(tempfile.mkdtemp(prefix=TRASH_PREFIX, dir=directory)) if old else None
+    try:
+        if old:
+            _move(old, directory, trash, f'cannot replace the run in {directory}')
+        try:
+            _move(run_files(staging), staging, directory,
+                  f'cannot move the new run into {directory}')
+        except OSError:
+            if old:
+                _move(old, trash, directory, f'cannot restore the run in {directory}')
+            raise
+    except OSError:
+        if trash is not None and not os.listdir(trash):
+            trash.rmdir()
+        raise
+    fsync_dir(directory)
+    _remove(staging)
+    if trash is None:
+        return
+    try:
+        shutil.rmtree(trash)
+    except OSError as err:      # the run is replaced; only its old files remain, hidden
+        warnings.warn(f'the files of the run replaced in {directory} could not all be '
+                      f'deleted ({err}); they are in {trash}, removed when a run is next '
+                      f'written there', RuntimeWarning, stacklevel=2)
 
 
 def _remove(path: Path) -> None:
@@ -496,44 +554,34 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _replace(directory: Path) -> None:
-    """Remove the run files of ``directory``, all or nothing: rename them into a fresh
-    hidden directory there (links as links), then delete that. If a rename fails, those
-    already renamed are moved back and ``OSError`` names the file; the run is unchanged."""
-    names = run_files(directory)
-    if not names:
-        return
-    trash = Path(tempfile.mkdtemp(prefix=TRASH_PREFIX, dir=directory))
+def _move(names: list, source: Path, target: Path, failure: str) -> None:
+    """Rename the entries ``names`` of ``source`` into ``target`` (links as links), all or
+    nothing: if a rename fails, those already renamed are moved back and ``OSError`` says
+    ``failure`` and names the file."""
     moved = []
-    try:
-        for name in names:
-            os.rename(directory / name, trash / name)
-            moved.append(name)
-    except OSError as err:
-        failed, stuck = directory / name, []
-        for name in reversed(moved):
-            try:
-                os.rename(trash / name, directory / name)
-            except OSError:
-                stuck.append(name)
-        if not stuck:
-            trash.rmdir()
-        outcome = (f'{", ".join(stuck)} could not be moved back from {trash}' if stuck
-                   else 'nothing was removed')
-        raise type(err)(err.errno, f'cannot replace the run in {directory}: {failed} cannot '
-                                   f'be moved ({err.strerror}); {outcome}') from None
-    try:
-        shutil.rmtree(trash)
-    except OSError as err:      # the run is replaced; only its old files remain, hidden
-        warnings.warn(f'the files of the run replaced in {directory} could not all be '
-                      f'deleted ({err}); they are in {trash}, removed on the next '
-                      f'resume or overwrite', RuntimeWarning, stacklevel=3)
+    for name in names:
+        try:
+            os.rename(source / name, target / name)
+        except OSError as err:
+            stuck = []
+            for done in reversed(moved):
+                try:
+                    os.rename(target / done, source / done)
+                except OSError:
+                    stuck.append(done)
+            outcome = (f'{", ".join(stuck)} could not be moved back from {target}' if stuck
+                       else 'nothing was moved')
+            raise type(err)(err.errno, f'{failure}: {source / name} cannot be moved '
+                                       f'({err.strerror}); {outcome}') from None
+        moved.append(name)
 
 
 def _stale_temporaries(directory: Path) -> list:
-    """What killed writes and replacements left: temporary files of run files
-    (``.<name>.<random>.tmp``) and directories of replaced runs (:data:`TRASH_PREFIX`)."""
+    """What killed writes and runs left: temporary files of run files
+    (``.<name>.<random>.tmp``), staging directories (:data:`STAGING_PREFIX`) and the
+    files of replaced runs (:data:`TRASH_PREFIX`)."""
     return ([p for name in RUN_FILES for p in directory.glob(f'.{name}.*.tmp')]
+            + sorted(directory.glob(f'{STAGING_PREFIX}*'))
             + sorted(directory.glob(f'{TRASH_PREFIX}*')))
 
 

@@ -57,7 +57,7 @@ from .._validation import ArgumentError, at_most, optional, positive, non_negati
 from ..data import EventStream
 from ..executors import BPTT
 from . import logs, placement, run_dir
-from ._fit import _bar_shown, _json_dict, _repair_run, _save_run, hold
+from ._fit import RunFiles, _bar_shown, _json_dict, _repair_run, hold
 from .loss import weighted_cross_entropy
 from .spikes import split_output
 from .stream_metrics import MetricTotals, StreamMetrics
@@ -121,7 +121,7 @@ def _check_stream(trainer, name: str, stream) -> None:
                                        stream.batch_size)
 
 
-def _check_arguments(trainer, stream, eval_stream, *, max_steps, eval_every,
+def check_arguments(trainer, stream, eval_stream, *, max_steps, eval_every,
                      checkpoint_every, log_every, settle_steps, out_dir, resume, overwrite,
                      run_config) -> _Arguments:
     """The arguments of :func:`fit_stream`, checked with the streams; changes nothing."""
@@ -324,12 +324,14 @@ def _row(trainer, run: StreamRun, clock: dict) -> dict:
     return row
 
 
-def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments, out_dir, log, bar,
-          show):
+def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments,
+          files: Optional[RunFiles], bar, show):
     """Play the stream from its position until it ends or ``max_steps`` are played, counting
     steps on the progress ``bar``; ``show(evaluation record, steps per s, events per s)``
-    after each evaluation. Segments still open when ``max_steps`` stops the run stay open
-    (a longer run continues them); those open when the stream ends are decided."""
+    after each evaluation; with ``files`` (the process writing a run), checkpoints and
+    logs are written there. Segments still open when ``max_steps`` stops the run stay
+    open (a longer run continues them); those open when the stream ends are decided."""
+    log = None if files is None else files.log
     predictor = BPTT(trainer.model, check_finite=trainer.learner.check_finite)
     pipeline = _Pipeline(trainer, run, log, bar, args.log_every)
     since = dict(time=time.perf_counter(), steps=run.steps, events=run.events)
@@ -351,7 +353,7 @@ def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments, out_di
         pipeline.send(xs, labels, weights, stream.last_segments, stream.position())
         chunks, steps = chunks + 1, steps + len(xs)
         evaluating = bool(args.eval_every) and chunks % args.eval_every == 0
-        saving = out_dir is not None and bool(args.checkpoint_every) and \
+        saving = files is not None and bool(args.checkpoint_every) and \
             chunks % args.checkpoint_every == 0
         done = args.max_steps is not None and steps >= args.max_steps
         if not (evaluating or saving or done):
@@ -360,8 +362,8 @@ def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments, out_di
         best = False
         if evaluating:
             best, evaluated_at = evaluate(), run.chunks
-        if out_dir is not None and (evaluating or saving):
-            _write(trainer, run, out_dir, best, log)
+        if files is not None and (evaluating or saving):
+            _write(trainer, run, files, best)
         if done:
             run.ended = False
             break
@@ -370,18 +372,14 @@ def _play(trainer, stream, eval_stream, run: StreamRun, args: _Arguments, out_di
         run.metrics.finish()
     best = eval_stream is not None and evaluated_at != run.chunks and evaluate()
     run.finished = True
-    if out_dir is not None:
-        _write(trainer, run, out_dir, best, log)
+    if files is not None:
+        _write(trainer, run, files, best)
 
 
-def _write(trainer, run: StreamRun, out_dir: Path, best: bool, log) -> None:
+def _write(trainer, run: StreamRun, files: RunFiles, best: bool) -> None:
     """The checkpoint(s), the curve and ``metrics.json``, as :meth:`Trainer.fit` writes
-    them (the scalar log made durable first, so the rows a resumed run keeps are on
-    disk)."""
-    if log is not None:
-        log.sync()
-    _save_run(out_dir, snapshot(trainer, run), best,
-              functools.partial(_write_logs, trainer, run))
+    them (:meth:`RunFiles.save <braintrace_conv.training._fit.RunFiles.save>`)."""
+    files.save(snapshot(trainer, run), best, functools.partial(_write_logs, trainer, run))
 
 
 def _write_logs(trainer, run: StreamRun, out_dir: Path) -> None:
@@ -439,19 +437,17 @@ def fit_stream(trainer, stream, *, eval_stream=None, eval_every: Optional[int] =
                checkpoint_every: Optional[int] = None, log_every: int = 10,
                tensorboard: Optional[bool] = None, progress: bool = True) -> dict:
     """:meth:`Trainer.fit_stream <braintrace_conv.training.Trainer.fit_stream>`."""
-    args = _check_arguments(trainer, stream, eval_stream, max_steps=max_steps,
+    args = check_arguments(trainer, stream, eval_stream, max_steps=max_steps,
                             eval_every=eval_every, checkpoint_every=checkpoint_every,
                             log_every=log_every, settle_steps=settle_steps, out_dir=out_dir,
                             resume=resume, overwrite=overwrite, run_config=run_config)
     fit_config = dict(eval_stream=stream_config(eval_stream), eval_every=args.eval_every,
                       settle_steps=args.settle_steps)
     with contextlib.ExitStack() as stack:
-        run, log = None, None
+        run, files = None, None
         if out_dir is not None:
             out_dir = stack.enter_context(hold(out_dir, resume=resume, overwrite=overwrite,
                                                writer=trainer._writer))
-            if trainer._writer and overwrite:
-                run_dir.create(out_dir, overwrite=True)
             if resume:
                 run = restore(trainer, out_dir / run_dir.LAST_CHECKPOINT,
                               dict(trainer=trainer.config(), run=args.run_config,
@@ -467,14 +463,15 @@ def fit_stream(trainer, stream, *, eval_stream=None, eval_every: Optional[int] =
                 stream.frame_shape, np.float32, 'stream'), args.settle_steps), stream.dt_us)
         trainer.run_config, trainer._fit_config = args.run_config, fit_config
         if out_dir is not None and trainer._writer:
-            log = logs.ScalarLog(out_dir, start_update=run.chunks, tensorboard=tensorboard,
-                                 columns=STREAM_COLUMNS)
-            stack.callback(log.close)
+            files = RunFiles(out_dir, resume=resume)
+            stack.callback(files.close)
+            files.open_log(start_update=run.chunks, tensorboard=tensorboard,
+                           columns=STREAM_COLUMNS)
         if not run.finished:
             total = planned_steps(stream, args.max_steps)
             shown = progress and trainer._writer
             with tqdm(total=total, initial=run.steps, unit='step', unit_scale=True,
                       disable=not (shown and _bar_shown()), leave=False) as bar:
                 show = lambda *a: shown and bar.write(_line(*a))
-                _play(trainer, stream, eval_stream, run, args, out_dir, log, bar, show)
+                _play(trainer, stream, eval_stream, run, args, files, bar, show)
     return summary(trainer, run)

@@ -747,6 +747,20 @@ class Trainer:
             run_config=run_config, checkpoint_every=checkpoint_every, log_every=log_every,
             tensorboard=tensorboard, progress=progress)
 
+    def check_fit_stream(self, stream, *, eval_stream=None, eval_every: Optional[int] = None,
+                         max_steps: Optional[int] = None, settle_steps: int = 0,
+                         out_dir: Union[str, os.PathLike, None] = None, resume: bool = False,
+                         overwrite: bool = False, run_config: Optional[dict] = None,
+                         checkpoint_every: Optional[int] = None, log_every: int = 10) -> None:
+        """Check the arguments of :meth:`fit_stream` as it does before it changes anything:
+        each argument, and the streams against the model and the learner. Raises what
+        :meth:`fit_stream` would raise for them; the run directory is checked by
+        :meth:`fit_stream` itself."""
+        stream_run.check_arguments(
+            self, stream, eval_stream, max_steps=max_steps, eval_every=eval_every,
+            checkpoint_every=checkpoint_every, log_every=log_every, settle_steps=settle_steps,
+            out_dir=out_dir, resume=resume, overwrite=overwrite, run_config=run_config)
+
     def evaluate_stream(self, stream, *, settle_steps: int = 0) -> dict:
         """Loss, step accuracy and segment accuracy of the current parameters on ``stream``
         (an :class:`~braintrace_conv.data.EventStream`, played from its start with fresh

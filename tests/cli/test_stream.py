@@ -2,7 +2,10 @@
 killed at a random point that resumes to the bitwise result of an uninterrupted one."""
 import csv
 import json
+import os
 import random
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +19,7 @@ from braintrace_conv.training import (CURVE_NAME, LAST_CHECKPOINT, METRICS_NAME,
                                       checkpoint)
 from braintrace_conv.training.stream import STREAM_COLUMNS
 
-from cli_runs import error_line, refused
+from cli_runs import error_line, files_of, refused, run_files
 
 #: Steps of 10 ms, chunks of 20 steps, a small net (for 8 x 8 pixels, :data:`SENSOR`).
 TINY = ['--dt-us', '10000', '--update-every', '20', '--channels', '2,4', '--lr', '2e-2',
@@ -154,31 +157,125 @@ def test_a_run_killed_in_its_last_writes_is_repaired_on_resume(gestures, tmp_pat
     assert 'is already finished (40 steps); nothing to do' in capsys.readouterr().out
 
 
-@pytest.mark.parametrize('removable, hint', [
-    (True, 'no checkpoint was written, and nothing was kept'),
-    (False, 'no checkpoint was written; rerun with --overwrite to start again'),
-])
+# ----------------------------------------------------------------------------- bad data
+@pytest.fixture(scope='module')
+def finished(gestures, tmp_path_factory):
+    """A finished run of 2 chunks (copied by the tests that change it)."""
+    out = tmp_path_factory.mktemp('finished') / 'run'
+    assert main(['stream', '--recordings', *gestures[0], *SENSOR, *TINY, '--max-steps', '40',
+                 '--out', str(out)]) == 0
+    return out
+
+
+def spoil(events_file, target, at=-10):
+    """``target`` (its format from its suffix), the recording ``events_file`` made bad, the
+    segments beside it copied: event ``at`` moved 0.5 s back in time (``.npy``, ``.npz``),
+    or (camera files, which their writers keep in time order) the file damaged: the end
+    of an AEDAT4 file overwritten, an EVT file cut within a word. Returns ``target``."""
+    from braintrace_conv.data import write_events
+    events = np.load(events_file)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.suffix in ('.npy', '.npz'):
+        events['t'][at] -= 500_000
+        (np.save if target.suffix == '.npy' else np.savez)(target, events)
+    else:
+        write_events(target, events, sensor_size=(8, 8),
+                     format='evt3' if target.suffix == '.raw' else None)
+        data = target.read_bytes()
+        target.write_bytes(data[:-1] if target.suffix == '.raw' else data[:-40] + b'\xff' * 40)
+    labels = target.with_name(target.stem + '_labels.csv')
+    if not labels.exists():
+        shutil.copy(events_file.replace('.npy', '_labels.csv'), labels)
+    return target
+
+
+@pytest.mark.parametrize('name', ['bad.npy', 'bad.npz', 'bad.aedat4', 'bad.raw'])
+def test_every_recording_is_checked_before_the_run_writes_anything(gestures, finished, tmp_path,
+                                                                   capsys, name):
+    if name.endswith(('.aedat4', '.raw')):
+        pytest.importorskip('faery')
+    bad = spoil(gestures[0][1], tmp_path / 'data' / name)
+    shutil.copytree(finished, tmp_path / 'run')
+    # a run it was to replace is left as it was, and so is everything else
+    refused(tmp_path, capsys, ['stream', '--recordings', gestures[0][0], str(bad), *SENSOR, *TINY,
+                               '--out', '{run}', '--overwrite'],
+            rf'error: --recordings: {re.escape(str(bad))}: ' +
+            (r'event \d+ has the timestamp \d+ us, earlier than event \d+\'s \d+ us; events must '
+             r'be in time order$' if name.endswith(('.npy', '.npz')) else '.+'))
+
+
+@pytest.mark.parametrize('how', ['new', 'overwrite', 'resume'])
+def test_an_error_met_mid_run_keeps_what_the_run_directory_holds(gestures, finished, tmp_path,
+                                                                 capsys, monkeypatch, how):
+    from braintrace_conv.data import read
+    command = sys.modules['braintrace_conv.cli.stream']     # the package names its function so
+    second, out = tmp_path / 'second.npy', tmp_path / 'run'
+    shutil.copy(gestures[0][1], second)
+    shutil.copy(gestures[0][1].replace('.npy', '_labels.csv'), tmp_path / 'second_labels.csv')
+    # one playlist: the second recording is met after the 10 chunks of the first
+    argv = ['stream', '--recordings', gestures[0][0], str(second), *SENSOR, *TINY,
+            '--batch-size', '1', '--checkpoint-every', '2', '--out', str(out)]
+    if how == 'overwrite':      # no checkpoint of the new run before the bad event
+        shutil.copytree(finished, out)
+        argv += ['--overwrite', '--checkpoint-every', '100']
+    elif how == 'resume':       # a run stopped after 2 chunks, continued to the end
+        assert main([*argv, '--max-steps', '40']) == 0
+        argv += ['--resume']
+    before = run_files(out)
+    streams, check, held = command._streams, read.check_events, {}
+
+    def checked_then_spoiled(run, usage):       # the file changes once it was checked
+        played = streams(run, usage)
+        spoil(str(second), second)              # rewritten in place: same name and size
+        return played
+
+    def snapshot_on_failure(*args):
+        try:
+            check(*args)
+        except read.EventFileError:
+            held.update(run_files(out))
+            raise
+
+    monkeypatch.setattr(command, '_streams', checked_then_spoiled)
+    monkeypatch.setattr(read, 'check_events', snapshot_on_failure)
+    capsys.readouterr()
+    assert main(argv) == 2
+    line = error_line(capsys)
+    assert re.search(r'error: .*second.npy: event \d+ has the timestamp .*; events must be in '
+                     r'time order; ', line), line
+    after = run_files(out)
+    assert held and set(held) <= set(after), (held, after)
+    if how == 'overwrite':      # met before the new run's first checkpoint: not replaced
+        assert line.endswith(f'; the run in {out} was not replaced') and after == before
+    else:                       # the checkpoints written before are kept
+        assert line.endswith(f'; the run in {out} is kept as of its last checkpoint')
+        assert checkpoint.read(out / LAST_CHECKPOINT)[1]['stream']['chunks'] >= 4
+
+
+@pytest.mark.parametrize('how', ['new', 'overwrite'])
 def test_an_interrupt_before_the_first_checkpoint_says_what_was_kept(
-        gestures, tmp_path, capsys, monkeypatch, removable, hint):
-    from braintrace_conv.training import Trainer, run_dir
+        gestures, finished, tmp_path, capsys, monkeypatch, how):
+    from braintrace_conv.training import stream as training
 
-    def interrupted(self, stream, *, out_dir, **kwargs):
-        (out_dir / SCALARS_NAME).write_text('chunk\n')
-        raise KeyboardInterrupt
+    send = training._Pipeline.send
 
-    def unremovable(directory, *, overwrite, create=run_dir.create):
-        if overwrite:       # removing the run's files
-            raise PermissionError(13, 'Permission denied', str(directory))
-        return create(directory, overwrite=overwrite)
+    def interrupted(self, *args):
+        if self.run.chunks == 2:
+            raise KeyboardInterrupt
+        return send(self, *args)
 
-    monkeypatch.setattr(Trainer, 'fit_stream', interrupted)
-    if not removable:
-        monkeypatch.setattr(run_dir, 'create', unremovable)
+    monkeypatch.setattr(training._Pipeline, 'send', interrupted)
     out = tmp_path / 'run'
-    assert main(['stream', '--recordings', *gestures[0], *SENSOR, *TINY, '--out',
-                 str(out)]) == 130
+    if how == 'overwrite':
+        shutil.copytree(finished, out)
+    before = files_of(out) if out.exists() else None
+    capsys.readouterr()
+    assert main(['stream', '--recordings', *gestures[0], *SENSOR, *TINY, '--out', str(out),
+                 *(['--overwrite'] if how == 'overwrite' else [])]) == 130
+    hint = ('no checkpoint was written, and nothing was kept' if how == 'new' else
+            f'the run in {out} was not replaced')
     assert capsys.readouterr().err == f'braintrace-conv: interrupted; {hint}\n'
-    assert out.exists() != removable
+    assert (files_of(out) if out.exists() else None) == before      # hidden files too
 
 
 # ----------------------------------------------------------------------------- kill and resume
@@ -225,3 +322,31 @@ def test_a_run_killed_at_a_random_point_resumes_to_the_uninterrupted_result(tmp_
         with open(out / SCALARS_NAME, newline='') as f:
             return [row[:-3] for row in csv.reader(f)]
     assert table(tmp_path / 'straight') == table(tmp_path / 'killed'), where
+
+
+def test_an_overwrite_killed_before_its_first_checkpoint_leaves_the_old_run(gestures, finished,
+                                                                          tmp_path, capsys):
+    out = tmp_path / 'run'
+    shutil.copytree(finished, out)
+    before = run_files(out)
+    argv = ['stream', '--recordings', *gestures[0], *SENSOR, *TINY, '--out', str(out)]
+    victim = subprocess.Popen([sys.executable, '-m', 'braintrace_conv.cli', *argv, '--overwrite',
+                               '--log-every', '1'], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not any(p.name.startswith('.new-run.') and (p / SCALARS_NAME).is_file() and
+                  (p / SCALARS_NAME).read_text().count('\n') > 1 for p in out.iterdir()):
+        assert victim.poll() is None, victim.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    victim.kill()
+    victim.communicate()
+    assert victim.returncode == -9 and run_files(out) == before
+    # the old run is still the one there: resumed, it is found finished, the rest cleared
+    capsys.readouterr()
+    assert main([*argv, '--max-steps', '40', '--resume']) == 0
+    assert 'is finished (40 steps) but was interrupted while writing its files; repairing ' \
+           '.new-run.' in capsys.readouterr().out
+    after = run_files(out)
+    assert set(before) <= set(after) and after[LAST_CHECKPOINT] == before[LAST_CHECKPOINT]
+    assert not [name for name in os.listdir(out) if name.startswith('.')]

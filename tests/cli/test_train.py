@@ -17,7 +17,7 @@ from braintrace_conv.cli.train import SUMMARY
 from braintrace_conv.training import (BEST_CHECKPOINT, CURVE_NAME, LAST_CHECKPOINT, SCALAR_COLUMNS,
                                       SCALARS_NAME, Trainer, checkpoint, logs)
 
-from cli_runs import AUDIO, EVENT_TINY, TINY, TRAIN, error_line, files_of, refused
+from cli_runs import AUDIO, EVENT_TINY, TINY, TRAIN, error_line, files_of, refused, run_files
 
 
 def cli(*argv, timeout=120, prelude=''):
@@ -157,14 +157,16 @@ def test_overwrite_replaces_the_run_holding_its_lock_to_the_last_write(run, tmp_
 
 
 @pytest.mark.parametrize('epochs_done, hint', [
-    (0, 'no epoch was completed, and nothing was kept'),
+    (0, 'no checkpoint was written, and nothing was kept'),
     (2, 'epochs 1-2 are saved in .*; rerun with --resume and the same options to continue'),
 ])
 def test_interrupt_says_how_to_continue(tmp_path, capsys, monkeypatch, epochs_done, hint):
     from braintrace_conv.training import Trainer
 
-    def interrupted(self, *args, **kwargs):
+    def interrupted(self, *args, out_dir, **kwargs):
         self.epoch = epochs_done
+        if epochs_done:                 # its checkpoint moved in
+            (out_dir / LAST_CHECKPOINT).write_bytes(b'checkpoint')
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Trainer, 'fit', interrupted)
@@ -382,9 +384,10 @@ def test_an_overwrite_that_cannot_move_a_run_file_changes_nothing(root, tmp_path
     capsys.readouterr()
     assert main([*TRAIN, '--out', str(out), '--overwrite']) == 1
     captured = capsys.readouterr()
+    # found when the new run's first checkpoint was to replace it: that run is dropped
     assert captured.err == (f'braintrace-conv: error: [Errno 13] cannot replace the run in {out}: '
                             f'{out / CURVE_NAME} cannot be moved (Permission denied); nothing was '
-                            f'removed\n')
+                            f'moved; the run in {out} was not replaced\n')
     assert files_of(out) == before and sorted(os.listdir(out)) == names
 
 
@@ -392,6 +395,42 @@ def copied(recordings, tmp_path, sensor='audio'):
     data = tmp_path / 'data'
     shutil.copytree(recordings / sensor, data)
     return data
+
+
+@pytest.mark.parametrize('how', ['new', 'overwrite'])
+def test_a_bad_file_met_while_training_keeps_what_the_run_directory_holds(
+        recordings, tmp_path, capsys, monkeypatch, how):
+    command = sys.modules['braintrace_conv.cli.train']     # the package names its function so
+    data, out = copied(recordings, tmp_path), tmp_path / 'run'
+    streamed = ['train', '--task', 'events', '--data', str(data), '--sensor-size', '32,1,1',
+                '--pool', '1', '--stream', '--cache-size', '0', *EVENT_TINY, '--out', str(out)]
+    if how == 'overwrite':
+        assert main(streamed) == 0
+    before = run_files(out)
+
+    def spoil():                # an event outside the sensor in every file
+        for file in data.rglob('*.npy'):
+            events = np.load(file)
+            events['x'][-1] = 99
+            np.save(file, events)
+
+    if how == 'overwrite':      # met before the new run's first checkpoint
+        setup = command.setup
+        monkeypatch.setattr(command, 'setup', lambda *a, **k: (setup(*a, **k), spoil())[0])
+    else:                       # met in the second epoch, after the first one's checkpoint
+        write_metrics = logs.write_metrics
+        monkeypatch.setattr(logs, 'write_metrics', lambda *a: (write_metrics(*a), spoil()))
+    capsys.readouterr()
+    epochs = streamed.index('--epochs') + 1
+    assert main([*streamed[:epochs], '2', *streamed[epochs + 1:],
+                 *(['--overwrite'] if how == 'overwrite' else [])]) == 2
+    line = error_line(capsys)
+    assert re.search(r"error: --data: sample .*\.npy: .*'x'.*; ", line), line
+    if how == 'overwrite':
+        assert line.endswith(f'; the run in {out} was not replaced') and run_files(out) == before
+    else:
+        assert line.endswith(f'; the run in {out} is kept as of its last checkpoint')
+        assert checkpoint.read(out / LAST_CHECKPOINT)[1]['epoch'] == 1
 
 
 def test_resume_needs_the_same_event_options(recordings, tmp_path, capsys):

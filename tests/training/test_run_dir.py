@@ -20,11 +20,22 @@ def tree(directory) -> dict:
     return {p.relative_to(directory): entry(p) for p in directory.rglob('*')}
 
 
-def test_overwrite_is_all_or_nothing(evaluated_run, tmp_path, monkeypatch):
+def staged_run(out) -> tuple:
+    """A staging directory in ``out`` holding a new run's last checkpoint and metrics;
+    ``(staging, its files)``."""
+    staging = run_dir.stage(out)
+    assert staging.parent == out and staging.name.startswith(run_dir.STAGING_PREFIX)
+    (staging / run_dir.LAST_CHECKPOINT).write_bytes(b'new checkpoint')
+    (staging / run_dir.METRICS_NAME).write_bytes(b'{"new": true}')
+    return staging, tree(staging)
+
+
+def test_a_new_run_replaces_the_old_one_all_or_nothing(evaluated_run, tmp_path, monkeypatch):
     out = tmp_path / 'run'
     shutil.copytree(evaluated_run[0], out)
     (out / 'notes.txt').write_text('mine')
     before = tree(out)
+    staging, new = staged_run(out)
     rename = os.rename
 
     def refused(src, dst):     # e.g. a file or directory the user may not move
@@ -35,25 +46,51 @@ def test_overwrite_is_all_or_nothing(evaluated_run, tmp_path, monkeypatch):
     monkeypatch.setattr(os, 'rename', refused)
     with pytest.raises(PermissionError, match=rf'cannot replace the run in {out}: '
                                               rf'{out / CURVE_NAME} cannot be moved \(Permission '
-                                              rf'denied\); nothing was removed'):
-        run_dir.create(out, overwrite=True)
-    assert tree(out) == before              # the files moved before the failure are back
+                                              rf'denied\); nothing was moved'):
+        run_dir.commit(out, staging)
+    # the files moved before the failure are back, and the new run is still staged
+    assert tree(out) == {**before, **{staging.relative_to(out) / k: v for k, v in new.items()},
+                         staging.relative_to(out): 'dir'}
     monkeypatch.setattr(os, 'rename', rename)
-    # the files of a evaluated_run replaced earlier that could not be deleted: removed now
     rmtree = shutil.rmtree
 
-    def undeletable(path):
-        raise PermissionError(13, 'Permission denied', str(path))
+    def undeletable(path, *args, **kwargs):
+        if os.path.basename(path).startswith(run_dir.TRASH_PREFIX):
+            raise PermissionError(13, 'Permission denied', str(path))
+        return rmtree(path, *args, **kwargs)
 
     monkeypatch.setattr(shutil, 'rmtree', undeletable)
     with pytest.warns(RuntimeWarning, match=r'the files of the run replaced in .* could not all '
                                             r'be deleted .*; they are in .*\.replaced-run\.'):
-        run_dir.create(out, overwrite=True)
+        run_dir.commit(out, staging)
+    assert not staging.exists()
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith('.replaced-run.')) == \
-        ['notes.txt']
+        sorted([*map(str, new), 'notes.txt'])
     monkeypatch.setattr(shutil, 'rmtree', rmtree)
-    run_dir.create(out, overwrite=False)
-    assert os.listdir(out) == ['notes.txt']
+    # the next run written there deletes the old files: the new run's checkpoint is in
+    run_dir.create(out)
+    assert {p.name for p in out.iterdir()} == {*map(str, new), 'notes.txt'}
+    assert (out / run_dir.LAST_CHECKPOINT).read_bytes() == b'new checkpoint'
+
+
+def test_a_run_killed_before_its_checkpoint_moved_in_leaves_the_old_run(evaluated_run,
+                                                                         tmp_path):
+    out = tmp_path / 'run'
+    shutil.copytree(evaluated_run[0], out)
+    before = tree(out)
+    # killed while staged: the old run is untouched, the staging directory is cleared
+    staged_run(out)
+    run_dir.create(out)
+    assert tree(out) == before
+    # killed in commit, the old run moved aside but the new checkpoint not yet moved in
+    staging, _ = staged_run(out)
+    trash = out / f'{run_dir.TRASH_PREFIX}killed'
+    trash.mkdir()
+    for name in run_dir.run_files(out):
+        os.rename(out / name, trash / name)
+    assert run_dir.run_files(out) == []
+    run_dir.create(out)
+    assert tree(out) == before
 
 
 def test_without_fcntl_the_lock_is_a_file_holding_pid_and_host(tmp_path, monkeypatch):
