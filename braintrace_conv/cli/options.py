@@ -346,10 +346,11 @@ EVALUATE_OPTIONS = (
 )
 
 
-def _shared(*names: str) -> tuple:
-    """The records of ``train`` that ``stream`` takes as they are."""
-    records = {option.name: option for option in TRAIN_OPTIONS}
-    return tuple(records[name] for name in names)
+def _shared(name: str, help: Optional[str] = None) -> Option:
+    """The record of ``train``'s option ``name``, which ``stream`` takes with its own
+    ``help`` (if given): the same value, checks and storage, described for a stream."""
+    record = next(option for option in TRAIN_OPTIONS if option.name == name)
+    return record if help is None else dataclasses.replace(record, help=help)
 
 
 _HELD_OUT = Requires('held_out')
@@ -390,8 +391,25 @@ STREAM_OPTIONS = (
     Option('settle_steps', type=int, metavar='STEPS', default=0, check=non_negative,
            help="steps at the start of each segment that do not vote for the segment's "
                 "prediction (default {default})"),
-    *_shared('algorithm', 'window', 'decay', 'channels', 'kernel_size', 'pool', 'tau', 'lr',
-             'clip_norm', 'seed', 'nonfinite', 'devices'),
+    _shared('algorithm', 'how gradients are computed (default {default}; bptt: truncated at '
+                         'the chunk boundaries)'),
+    _shared('window', 'd-rtrl / es-d-rtrl: exact BPTT inside windows of STEPS steps, at most '
+                      '--update-every, eligibility traces across them (default: traces only)'),
+    _shared('decay', 'es-d-rtrl: trace decay per step (default exp(-1/tau), the membrane\'s)'),
+    _shared('channels', 'channels of the spiking blocks, e.g. 8,16 (default 8,16)'),
+    _shared('kernel_size', 'kernel extent along both spatial axes (default 3)'),
+    _shared('pool', 'average the spikes of each block over windows of P x P pixels; 1: none '
+                    '(default 1)'),
+    _shared('tau', 'membrane time constant, in time steps (of --dt-us each; default '
+                   '{default:g})'),
+    _shared('lr', 'peak Adam learning rate, decayed along a cosine to 10%% of it over the '
+                  'updates of the run (default {default:g})'),
+    _shared('clip_norm', 'scale every gradient down to global norm at most C before Adam '
+                         '(default: no clipping)'),
+    _shared('seed', 'seeds the initial weights (default {default})'),
+    _shared('nonfinite'),
+    _shared('devices', 'data-parallel devices (default: all of jax.devices()); the number of '
+                       'parallel streams must be a multiple of their number'),
     Option('checkpoint_every', type=int, metavar='CHUNKS', default=100, check=positive,
            stored='never',
            help='chunks between checkpoints (also written after every evaluation and at the '
@@ -403,7 +421,7 @@ STREAM_OPTIONS = (
     Option('resume', flag=True, default=False, stored='never', group='existing',
            help='continue the run in OUT from its last checkpoint, where it stopped (the run '
                 'options must be those of the run)'),
-    *_shared('overwrite'),
+    _shared('overwrite'),
     Option('quiet', flag=True, default=False, stored='never',
            help='no progress bar or evaluation lines'),
 )

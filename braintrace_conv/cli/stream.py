@@ -32,7 +32,7 @@ from ..training import Trainer, checkpoint, logs, run_dir
 from ..training.stream_state import StreamRun, lagging, run_differences
 from .build import _learner, optimizer
 from .options import STREAM_OPTIONS, flag, given, stored_options
-from .parser import Interrupted, UsageError, usage_error
+from .parser import PROG, Interrupted, UsageError, usage_error
 from .resolve import check_values, devices, option_list, refuse_without_effect
 from .train import _out_error, checked_out, holding_out, kept, last_checkpoint, stopped
 
@@ -67,11 +67,12 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     """The options of ``stream`` with their defaults, checked; raises :class:`UsageError`."""
     values = {option.name: getattr(args, option.name) for option in STREAM_OPTIONS}
     given_names = [name for name, value in values.items() if given(value)]
-    refuse_without_effect(STREAM_OPTIONS, values, given_names, usage)
     if len(values['sensor_size']) != 3:
         raise UsageError(f'--sensor-size must be W,H,P for a camera, got '
                          f'{",".join(map(str, values["sensor_size"]))}', usage)
     values = check_values(STREAM_OPTIONS, values, usage)
+    # with the defaults filled in: --window applies to the default algorithm
+    refuse_without_effect(STREAM_OPTIONS, values, given_names, usage)
     for option in STREAM_OPTIONS:      # the frames of a camera have 2 spatial axes
         if values[option.name] is None and option.rank_defaults:
             values[option.name] = option.rank_defaults[2]
@@ -167,6 +168,9 @@ def _resume(run, usage: str) -> bool:
     try:
         _, meta = checkpoint.read(path)
         stored = checkpoint.field(meta, 'run', dict, path)
+        if 'stream' not in meta:
+            raise UsageError(f'--resume: the run in {run.out} was written by "{PROG} train"; '
+                             f'continue it with "{PROG} train --resume" and its options', usage)
         saved = StreamRun.from_state(meta.get('stream'), path)
     except checkpoint.CheckpointError as error:
         raise UsageError(f'--resume: {error}', usage) from None

@@ -32,7 +32,8 @@ def _out_error(run, error: Exception, usage: str) -> UsageError:
     if isinstance(error, run_dir.RunExistsError):
         found = ', '.join(run_dir.run_files(run.out))
         return UsageError(f'--out {run.out} already holds a run ({found}); pass --resume to '
-                          f'continue it or --overwrite to replace it', usage)
+                          f'continue it, --overwrite to replace it, or --out DIR to write '
+                          f'the new run elsewhere', usage)
     if isinstance(error, run_dir.NothingToResumeError):
         return UsageError(f'--resume: {run.out} has no checkpoint ({run_dir.LAST_CHECKPOINT}) '
                           f'to resume', usage)
@@ -50,6 +51,9 @@ def _resume(run, usage: str) -> bool:
         stored = checkpoint.field(meta, 'run', dict, path)
     except checkpoint.CheckpointError as error:
         raise UsageError(f'--resume: {error}', usage) from None
+    if 'stream' in meta:
+        raise UsageError(f'--resume: the run in {run.out} was written by "{PROG} stream"; '
+                         f'continue it with "{PROG} stream --resume" and its options', usage)
     differences = run_differences(stored, run_config(run), run.epochs)
     if differences:
         raise UsageError(f'--resume: the run in {run.out} was trained with other options: '

@@ -1,6 +1,7 @@
 """The option records: each option defined once, the tables derived from them, what an
 option depends on, what a run stores, and the library's names of option values."""
 import argparse
+import dataclasses
 import pathlib
 import re
 
@@ -12,6 +13,9 @@ from braintrace_conv.cli.options import (EVALUATE_OPTIONS, STREAM_OPTIONS, TRAIN
                                          Requires, flag, given, spell, stored_options)
 
 CLI_SOURCES = sorted(pathlib.Path(cli.__file__).parent.glob('*.py'))
+#: The options stream takes from train's records.
+SHARED = ('algorithm', 'window', 'decay', 'channels', 'kernel_size', 'pool', 'tau', 'lr',
+          'clip_norm', 'seed', 'nonfinite', 'devices', 'overwrite')
 
 
 def test_each_option_is_defined_in_exactly_one_record():
@@ -20,8 +24,10 @@ def test_each_option_is_defined_in_exactly_one_record():
     for table in tables:
         names = [option.name for option in table]
         assert len(names) == len(set(names))
-    # a record per meaning (a command may share another's), and no other table naming it
-    records = list({id(option): option for table in tables for option in table}.values())
+    # a record per meaning (stream shares train's, with a help of its own), and no other
+    # table naming it
+    records = list({id(option): option for option in (*TRAIN_OPTIONS, *EVALUATE_OPTIONS, *(
+        o for o in STREAM_OPTIONS if o.name not in SHARED))}.values())
     for name in {option.name for option in records}:
         assert sources.count(f"Option('{name}'") == sum(o.name == name for o in records), name
 
@@ -29,8 +35,9 @@ def test_each_option_is_defined_in_exactly_one_record():
 def test_stream_shares_the_records_whose_meaning_it_shares():
     train = {option.name: option for option in TRAIN_OPTIONS}
     stream = {option.name: option for option in STREAM_OPTIONS}
-    assert all(stream[name] is train[name] for name in (
-        'algorithm', 'window', 'decay', 'channels', 'lr', 'seed', 'nonfinite', 'overwrite'))
+    for name in SHARED:         # the same value, checks and storage; the help of a stream
+        assert dataclasses.replace(stream[name], help='') == \
+            dataclasses.replace(train[name], help=''), name
     assert stream['update_every'] is not train['update_every']     # a default of its own
     assert spell('chunk_steps') == '--update-every' and spell('max_steps') == '--max-steps'
 

@@ -68,6 +68,10 @@ def test_a_run_writes_its_directory_and_a_finished_run_is_said_so(gestures, tmp_
     (['--algorithm', 'd-rtrl', '--window', '30'],
      r'--window must be at most --update-every \(20\), got 30; a window never spans two '
      r'chunks'),
+    (['--window', '30'], r'--window must be at most --update-every \(20\), got 30'),
+    (['--algorithm', 'bptt', '--window', '10'],
+     r'--window applies only to --algorithm d-rtrl or es-d-rtrl \(BPTT is exact already\)$'),
+    (['--algorithm', 'bptt', '--decay', '0.9'], r'--decay applies only to --algorithm es-d-rtrl$'),
     (['--sensor-size', '8,2'], '--sensor-size must be W,H,P for a camera, got 8,2'),
     (['--sensor-size', '4,4,2'], r'user01_synthetic.npy: event 0 has x = \d; expected an integer '
                                  r'pixel coordinate in \[0, 4\)'),
@@ -81,6 +85,33 @@ def test_refusals_are_one_line_and_change_nothing(gestures, tmp_path, capsys, ex
     sensor = [] if '--sensor-size' in extra else SENSOR
     refused(tmp_path, capsys, ['stream', '--recordings', *gestures[0], *sensor, *TINY, *extra],
             match)
+
+
+def test_the_default_algorithm_takes_a_window_and_a_decay(gestures, capsys):
+    from braintrace_conv.cli import build_parser
+    resolve = sys.modules['braintrace_conv.cli.stream']._resolve
+    args = build_parser().parse_args(['stream', '--recordings', *gestures[0], *SENSOR, *TINY,
+                                      '--window', '10', '--decay', '0.9'])
+    run = resolve(args, 'usage')
+    assert (run.algorithm, run.window, run.decay) == ('es-d-rtrl', 10, 0.9)
+
+
+def test_help_speaks_of_streams(capsys):
+    assert main(['stream', '--help']) == 0
+    text = ' '.join(capsys.readouterr().out.split())
+    for word in ('long-memory', 'task default', 'delayed-bars', 'shuffl', 'epoch', 'batch size'):
+        assert word not in text, word
+    assert 'held-out' in text and 'chunk' in text
+
+
+def test_resuming_a_run_of_the_other_command_says_so(gestures, finished, run, capsys):
+    refused(finished.parent, capsys, ['train', '--out', str(finished), '--resume'],
+            rf'error: --resume: the run in {finished} was written by "braintrace-conv stream"; '
+            rf'continue it with "braintrace-conv stream --resume" and its options$')
+    refused(run.parent, capsys, ['stream', '--recordings', *gestures[0], *SENSOR, '--out',
+                                 str(run), '--resume'],
+            rf'error: --resume: the run in {run} was written by "braintrace-conv train"; '
+            rf'continue it with "braintrace-conv train --resume" and its options$')
 
 
 def test_a_recording_without_its_segments_beside_it_is_named(tmp_path, capsys):

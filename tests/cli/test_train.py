@@ -30,8 +30,9 @@ def cli(*argv, timeout=120, prelude=''):
 
 RUN_DIRECTORIES = [  # refused: nothing on disk is created or changed
     ([*TRAIN, '--out', '{run}'], r'--out .*run already holds a run \(checkpoint-last.npz, '
-                                 r'checkpoint-best.npz, .*pass --resume to continue it or '
-                                 r'--overwrite to replace it'),
+                                 r'checkpoint-best.npz, .*pass --resume to continue it, '
+                                 r'--overwrite to replace it, or --out DIR to write the new run '
+                                 r'elsewhere$'),
     ([*TRAIN, '--out', '{run}', '--resume', '--overwrite'],
      'argument --overwrite: not allowed with argument --resume'),
     ([*TRAIN, '--out', '{empty}', '--resume'],
