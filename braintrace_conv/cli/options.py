@@ -329,20 +329,29 @@ TRAIN_OPTIONS = (
 
 #: The options of ``braintrace-conv evaluate``.
 EVALUATE_OPTIONS = (
-    Option('run', type=path, required=True, stored='never', help='run directory'),
+    Option('run', type=path, required=True, stored='never',
+           help='run directory (of "train" or "stream"), or one of its checkpoint files'),
     Option('checkpoint', choices=tuple(run_dir.CHECKPOINTS), stored='never',
-           help='which parameters (default: best if the run has it, else last)'),
+           help='which checkpoint to score: best (the best evaluation of the run) or last '
+                '(where the run stopped); default: best if the run has one, else last'),
     Option('batch_size', type=int, default=64, check=positive, stored='never',
-           help='sequences per forward pass (default {default})'),
+           help='runs of "train": sequences per forward pass (default {default})'),
     Option('devices', type=int, metavar='N', stored='never',
            help='data-parallel devices (default: all of jax.devices())'),
     Option('data', type=path, metavar='DIR', stored='never',
            help='runs of --task events: the directory to rebuild the test set from, e.g. a '
                 'moved or copied data set (default: the one the run recorded, if its '
                 'checkpoint and its metrics.json agree; no other directory is read)'),
+    Option('recordings', type=path, nargs='+', metavar='FILE', stored='never',
+           help='runs of "stream": held-out event files to evaluate on, each labelled by the '
+                'segments file NAME_labels.csv beside it unless --segments names them '
+                '(default: the run\'s --held-out recordings and their segments)'),
+    Option('segments', type=path, nargs='+', metavar='CSV', stored='never',
+           requires=(Requires('recordings'),),
+           help='segments files of --recordings, one per recording in the same order'),
     Option('allow_data_change', flag=True, default=False, stored='never',
-           help='evaluate even if the test data differ from those the run was evaluated on '
-                '(by default an error)'),
+           help='evaluate even if the test data (the held-out recordings of a stream run) '
+                'differ from those the run was evaluated on (by default an error)'),
 )
 
 

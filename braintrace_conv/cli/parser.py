@@ -25,8 +25,12 @@ _STREAM = ('Learn online from long recordings that are never cut into samples: t
            'hidden states and traces carry across chunks, segments and recordings. Reports '
            'the online and held-out accuracy per segment; --resume continues a stopped run '
            'exactly where it stopped.')
-_EVALUATE = ('Rebuild the test set and model of a run written by "train", load its parameters '
-             'and report test loss, accuracy and spike rates.')
+_EVALUATE = ('Score a saved run\'s best (or --checkpoint last) parameters, saying which. A run '
+             'of "train": rebuild its test set and model and report test loss, accuracy and '
+             'spike rates. A run of "stream": play held-out recordings (the run\'s --held-out, '
+             'or --recordings with their segments) through its model from fresh hidden states '
+             'and report what the run reports of its held-out evaluations: the segment '
+             'accuracy, the step accuracy and the loss per labelled step.')
 
 
 class UsageError(Exception):
@@ -108,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(stream, STREAM_OPTIONS)
     stream.set_defaults(usage=stream.format_usage())
     evaluate = commands.add_parser('evaluate', usage='%(prog)s --run DIR [options]  (see --help)',
-                                   help='evaluate a saved run on its test set',
+                                   help='score a saved run on its test set or on held-out '
+                                        'recordings',
                                    description=_EVALUATE)
     _add(evaluate, EVALUATE_OPTIONS)
     evaluate.set_defaults(usage=evaluate.format_usage())

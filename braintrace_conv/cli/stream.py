@@ -148,15 +148,17 @@ def _streams(run, usage: str) -> tuple:
     return tuple(streams)
 
 
-def _trainer(run, stream: EventStream, usage: str) -> Trainer:
-    """The model, learner and trainer of the run; the learning rate's decay planned over
-    its updates (the chunks with a labelled step)."""
+def _trainer(run, stream: EventStream, usage: str, *, train: bool = True) -> Trainer:
+    """The model, learner and trainer of the run; with ``train``, the optimiser, the
+    learning rate's decay planned over its updates (the chunks of ``stream`` with a
+    labelled step)."""
     try:
         brainstate.random.seed(run.seed)
         model = recurrent_conv_snn(stream.frame_shape, run.num_classes, channels=run.channels,
                                    kernel_size=run.kernel_size, pool=run.pool, tau=run.tau)
+        updates = stream.labelled_chunks(run.max_steps) if train else 0
         return Trainer(_learner(run, model),
-                       optimizer(run, max(1, stream.labelled_chunks(run.max_steps))),
+                       optimizer(run, max(1, updates)) if train else None,
                        nonfinite=run.nonfinite, devices=run.devices)
     except (ValueError, TypeError) as error:
         raise usage_error(error, usage) from None

@@ -31,6 +31,11 @@ REFUSED = [
     (['evaluate', '--run', '{run}', '--data', '{empty}'],
      r'--data applies only to runs of --task events; the run in .*checkpoint-best.npz is of '
      r'--task moving-bars'),
+    (['evaluate', '--run', '{run}', '--recordings', '{file}'],
+     r'--recordings applies only to runs of "braintrace-conv stream"; the run in '
+     r'.*checkpoint-best.npz was written by "braintrace-conv train"$'),
+    (['evaluate', '--run', '{run}', '--segments', '{file}'],
+     r'--segments applies only with --recordings$'),
 ]
 
 
@@ -39,13 +44,22 @@ def test_a_refused_evaluation_is_one_line_and_changes_nothing(root, capsys, argv
     refused(root, capsys, argv, match)
 
 
-def test_evaluate_reports_the_saved_run(run, capsys):
+def test_evaluate_says_which_checkpoint_it_scored(run, capsys):
     capsys.readouterr()
     assert main(['evaluate', '--run', str(run)]) == 0
-    best = json.loads((run / 'metrics.json').read_text())['best']
+    metrics = json.loads((run / 'metrics.json').read_text())
+    best = metrics['best']
     line = capsys.readouterr().out
-    assert f"{BEST_CHECKPOINT} (epoch {best['epoch']})" in line
+    assert line.startswith(f"the best checkpoint ({BEST_CHECKPOINT}, epoch {best['epoch']}) of "
+                           f"{run}: moving-bars, ")
     assert f"test accuracy {best['test_accuracy']:.1%}" in line and 'spike rates' in line
+    assert main(['evaluate', '--run', str(run), '--checkpoint', 'last']) == 0
+    line = capsys.readouterr().out
+    assert line.startswith(f"the last checkpoint ({LAST_CHECKPOINT}, epoch "
+                           f"{metrics['epochs_completed']}) of {run}: ")
+    assert f"test accuracy {metrics['test_accuracy']:.1%}" in line
+    assert main(['evaluate', '--run', str(run / LAST_CHECKPOINT)]) == 0
+    assert capsys.readouterr().out.startswith(f'the last checkpoint ({LAST_CHECKPOINT}, epoch ')
 
 
 def test_evaluate_checks_the_stored_options(run, tmp_path, capsys):
@@ -285,3 +299,98 @@ def test_evaluate_reads_only_the_data_directory_its_run_recorded(streamed, recor
     assert listed == [str(data), str(copy)]
     assert main(['evaluate', '--run', str(forged), '--data', str(tmp_path / 'absent')]) == 2
     assert error_line(capsys).endswith(f'--data {tmp_path / "absent"} is not a directory')
+
+
+# ----------------------------------------------------------------------------- stream runs
+#: Steps of 10 ms, chunks of 20 steps, a small net, for recordings of 8 x 8 pixels.
+STREAM_TINY = ['--sensor-size', '8,8,2', '--dt-us', '10000', '--update-every', '20', '--channels',
+               '2,4', '--lr', '2e-2', '--quiet']
+
+
+@pytest.fixture(scope='module')
+def stream_run(tmp_path_factory):
+    """``root``: the training recordings under ``train/``, a held-out one under ``held/``,
+    and ``run/``, a finished stream run evaluated on it every 4 chunks and at the end."""
+    from braintrace_conv.data import gesture_recordings
+    root = tmp_path_factory.mktemp('stream-run')
+    short = dict(duration_s=2.0, size=(8, 8), segment_s=(0.3, 0.6), gap_s=(0.1, 0.3),
+                 formats=('npy',))
+    train = gesture_recordings(root / 'train', 2, seed=0, **short)
+    held = gesture_recordings(root / 'held', 1, seed=1, **short)
+    assert main(['stream', '--recordings', *(str(r.events) for r in train), '--held-out',
+                 str(held[0].events), *STREAM_TINY, '--eval-every', '4', '--out',
+                 str(root / 'run')]) == 0
+    return root
+
+
+def test_a_stream_run_is_scored_as_it_scored_its_held_out_recordings(stream_run, capsys):
+    run = stream_run / 'run'
+    metrics = json.loads((run / 'metrics.json').read_text())
+    capsys.readouterr()
+    assert main(['evaluate', '--run', str(run), '--checkpoint', 'last']) == 0
+    line = capsys.readouterr().out
+    test = metrics['test']      # the evaluation at the end: the last checkpoint's parameters
+    assert line.startswith(f'the last checkpoint ({LAST_CHECKPOINT}, step {metrics["steps"]:,}) '
+                           f'of {run}: 1 held-out recording(s), ')
+    assert line.endswith(f'held-out segment accuracy {test["test_accuracy"]:.1%} '
+                         f'({test["test_segments"]} segments), step accuracy '
+                         f'{test["test_step_accuracy"]:.1%}, loss {test["test_loss"]:.4f}\n')
+    assert main(['evaluate', '--run', str(run)]) == 0
+    best = next(e for e in metrics['evaluations'] if e['step'] == metrics['best']['step'])
+    assert f'the best checkpoint ({BEST_CHECKPOINT}, step {best["step"]:,}) of {run}: ' \
+           f'1 held-out recording(s), ' in (line := capsys.readouterr().out)
+    assert f'held-out segment accuracy {best["test_accuracy"]:.1%} ({best["test_segments"]} ' \
+           f'segments), step accuracy {best["test_step_accuracy"]:.1%}, loss ' \
+           f'{best["test_loss"]:.4f}' in line
+    # other recordings, labelled by their segments files
+    others = sorted(str(p) for p in (stream_run / 'train').glob('*.npy'))
+    assert main(['evaluate', '--run', str(run), '--recordings', *others]) == 0
+    assert ': 2 held-out recording(s), ' in capsys.readouterr().out
+
+
+STREAM_REFUSED = [
+    (['--batch-size', '8'], r'--batch-size applies only to runs of "braintrace-conv train"; the '
+                            r'run in .*checkpoint-best.npz was written by "braintrace-conv '
+                            r'stream"$'),
+    (['--data', '{train}'], r'--data applies only to runs of "braintrace-conv train"'),
+    (['--recordings', '{root}/absent.npy'], r'--recordings: .*absent.npy is not a file$'),
+    (['--recordings', '{root}/held/user01_synthetic.npy', '--segments', '{root}/a.csv',
+      '{root}/b.csv'], r'--segments names 2 file\(s\) for the 1 of --recordings'),
+    (['--recordings', '{root}/train/user01_synthetic_labels.csv'],
+     r'--recordings: .*user01_synthetic_labels.csv has no segments file '
+     r'user01_synthetic_labels_labels.csv beside it; name the segments files with --segments$'),
+    (['--recordings', '{root}/train/user01_synthetic_labels.csv', '--segments',
+      '{root}/train/user01_synthetic_labels.csv'],
+     r'--recordings: .*user01_synthetic_labels.csv: unknown event-file suffix'),
+]
+
+
+@pytest.mark.parametrize('argv, match', STREAM_REFUSED)
+def test_a_refused_stream_evaluation_is_one_line_and_changes_nothing(stream_run, capsys, argv,
+                                                                    match):
+    refused(stream_run, capsys, ['evaluate', '--run', '{run}', *argv], match)
+
+
+def test_a_stream_run_is_scored_only_on_the_held_out_recordings_it_was_evaluated_on(
+        stream_run, tmp_path, capsys):
+    arrays, meta = checkpoint.read(stream_run / 'run' / LAST_CHECKPOINT)
+    forged = tmp_path / 'forged'
+    forged.mkdir()
+    eval_stream = meta['fit']['eval_stream']
+    changed = dict(eval_stream, recordings=[[name, size + 1, steps] for name, size, steps
+                                            in eval_stream['recordings']])
+    checkpoint.write(forged / LAST_CHECKPOINT, arrays,
+                     dict(meta, fit=dict(meta['fit'], eval_stream=changed)))
+    assert main(['evaluate', '--run', str(forged)]) == 2
+    assert error_line(capsys).endswith(
+        f'--run: the held-out recordings of the run in {forged / LAST_CHECKPOINT} differ from '
+        f'those it was evaluated on (in recordings); pass --allow-data-change to evaluate anyway')
+    assert main(['evaluate', '--run', str(forged), '--allow-data-change']) == 0
+    assert 'evaluating anyway (--allow-data-change)\n' in capsys.readouterr().err
+    # a run without held-out recordings is scored on the ones --recordings names
+    checkpoint.write(forged / LAST_CHECKPOINT, arrays,
+                     dict(meta, run=dict(meta['run'], held_out=None, held_out_segments=None)))
+    assert main(['evaluate', '--run', str(forged)]) == 2
+    assert error_line(capsys).endswith(
+        f'--run: the run in {forged / LAST_CHECKPOINT} has no held-out recordings (--held-out); '
+        f'name the recordings to evaluate on with --recordings FILE ...')
