@@ -17,7 +17,7 @@ import saiunit as u
 from .. import nn
 from ..nn import neurons as nn_neurons
 from . import modules as m
-from ._load import require_nir
+from ._load import Network, require_nir
 
 __all__ = ['export']
 
@@ -407,6 +407,83 @@ def _recurrent_cell(call: Call, index, ctx) -> Emitted:
     return Emitted(nodes, edges, ff.entry, neuron.exit, neuron.index)
 
 
+# --------------------------------------------------------------------------- loaded graphs
+def _level(name: str, nested: dict) -> str:
+    """The nested graph that holds the node ``name`` (the innermost), ``''`` for the top."""
+    return max((g for g in nested if name.startswith(g + '.')), key=len, default='')
+
+
+def _within(name: str, graph: str) -> bool:
+    return graph == '' or name.startswith(graph + '.')
+
+
+def _network_graph(net: Network, ctx, metadata=None):
+    """The NIR graph of a loaded :class:`~braintrace_conv.nir.Network`, as it was read:
+    its nodes (each layer written by the table, its input channels first), its edges in
+    their order (so the graph read again steps in the same order, with the same delayed
+    cycle edges) and its nested graphs; ``metadata`` for the top graph."""
+    import nir
+    written = {}
+    for name in net.order:
+        forward = [net.shapes[s] for s, delayed in net.inputs[name] if not delayed]
+        in_shape = tuple(np.broadcast_shapes(*forward)) if forward else net.input_shape
+        if name == net.input_name:
+            written[name] = nir.Input(input_type=np.array(net.input_shape))
+        elif name not in net.layers:        # an Output node, or a nested graph's Input/Output
+            graph, shape = _level(name, net.nested), np.array(net.shapes[name])
+            entry = graph and name == f'{graph}.{net.nested[graph][0]}'
+            written[name] = (nir.Input(input_type=shape) if entry
+                             else nir.Output(output_type=shape))
+        else:
+            call = Call(name, net.layers[name], np.zeros((1, *in_shape)),
+                        np.zeros((1, *net.shapes[name])))
+            written.update(_emit(call, _canonical(in_shape, False), ctx).nodes)
+    return _nested_graph('', written, net.edges, net.nested, metadata)
+
+
+def _nested_graph(graph: str, written: dict, edges: list, nested: dict, metadata=None):
+    """The NIR graph ``graph`` (``''``: the top) of the loaded nodes ``written`` (by their
+    full names) and ``edges``: its own nodes and nested graphs, and the edges that lie
+    within it and in no graph nested in it (an edge into a nested graph's Input node, or
+    out of its Output node, names that graph)."""
+    import nir
+    prefix = graph + '.' if graph else ''
+    children = [g for g in nested if g != graph and _within(g, graph) and
+                _level(g, nested) == graph]
+    nodes = {}
+    for name in written:
+        level = _level(name, nested)
+        if level == graph:
+            nodes[name[len(prefix):]] = written[name]
+        else:
+            child = next((c for c in children if _within(name, c)), None)
+            if child is not None and child[len(prefix):] not in nodes:
+                nodes[child[len(prefix):]] = _nested_graph(child, written, edges, nested)
+    own = []
+    for src, dst in edges:
+        common = max((g for g in [*nested, ''] if _within(src, g) and _within(dst, g)),
+                     key=len)
+        if common != graph:
+            continue
+        ends = []
+        for end, which in ((src, 1), (dst, 0)):
+            child = next((c for c in children if end == f'{c}.{nested[c][which]}'), None)
+            ends.append((child if child is not None else end)[len(prefix):])
+        own.append(tuple(ends))
+    return nir.NIRGraph(nodes=nodes, edges=own, type_check=False,
+                        **({} if metadata is None else {'metadata': metadata}))
+
+
+def _loaded(call: Call, index, ctx) -> Emitted:
+    """A loaded graph used as a layer of a model: a nested NIR graph."""
+    net = call.module
+    if len(net.output_names) != 1:
+        raise NIRExportError(f'layer {call.name!r} (a loaded graph) has {len(net.output_names)} '
+                             f'Output nodes; a graph nested in another has one.')
+    _require_layout(call, index, False, 'channels first')
+    return _single(call, _network_graph(net, ctx), _canonical(_sample(call.out), False))
+
+
 def _refuse(reason: str):
     def refuse(call, index, ctx):
         raise NIRExportError(f'layer {call.name!r} ({type(call.module).__name__}): {reason}')
@@ -426,7 +503,8 @@ def _table() -> list:
             ((brainstate.nn.MaxPool1d, brainstate.nn.MaxPool2d, brainstate.nn.MaxPool3d),
              _refuse('NIR 1.0 has sum and average pooling only, no max pooling.')),
             ((nn.Neuron,), _our_neuron),
-            ((m.NIRNeuron,), _nir_neuron)]
+            ((m.NIRNeuron,), _nir_neuron),
+            ((Network,), _loaded)]
     stateless = [(m.Threshold, lambda c, i, x: _single(c, _nir_stateless(c, i), i)),
                  (m.Scale, lambda c, i, x: _single(c, _nir_stateless(c, i), i))]
     try:
@@ -562,17 +640,22 @@ def _graph(calls, others, x, outputs, ctx):
     return nodes, edges, index
 
 
+def _context(model, dt: float, subtract_reset: bool, unit_r: bool) -> _Context:
+    """What the layer table needs to write the layers of ``model``."""
+    dtypes = [np.asarray(u.get_mantissa(leaf)).dtype for st in
+              model.states(brainstate.ParamState).values()
+              for leaf in jax.tree.leaves(st.value, is_leaf=lambda a: isinstance(a, u.Quantity))]
+    initial = {id(st): st.value for st in model.states(brainstate.HiddenState).values()}
+    return _Context(dt, dtypes[0] if dtypes else np.dtype(brainstate.environ.dftype()),
+                    subtract_reset, unit_r, _table(), initial)
+
+
 def _trace(model, x, dt: float, subtract_reset: bool, unit_r: bool):
     """Nodes, edges and the input's layout index of one step of a copy of ``model``."""
     work = copy.deepcopy(model)
     brainstate.nn.init_all_states(work, x.shape[0])
-    table = _table()
-    dtypes = [np.asarray(u.get_mantissa(leaf)).dtype for st in
-              work.states(brainstate.ParamState).values()
-              for leaf in jax.tree.leaves(st.value, is_leaf=lambda a: isinstance(a, u.Quantity))]
-    initial = {id(st): st.value for st in work.states(brainstate.HiddenState).values()}
-    ctx = _Context(dt, dtypes[0] if dtypes else np.dtype(brainstate.environ.dftype()),
-                   subtract_reset, unit_r, table, initial)
+    ctx = _context(work, dt, subtract_reset, unit_r)
+    table = ctx.table
     with brainstate.environ.context(dt=_environment_dt(work, dt)):
         with _recording(work, table) as (calls, others):
             out = work.update(x)
@@ -589,7 +672,11 @@ def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
     model's input or another layer's output (several layers may read one), so code between
     layers (a reshape, a sum) is refused; use :class:`~braintrace_conv.nn.Flatten`.
     :class:`~braintrace_conv.nn.RecurrentConvCell` becomes a cycle
-    ``ff -> neuron -> rec -> neuron``.
+    ``ff -> neuron -> rec -> neuron``. A graph loaded by :func:`~braintrace_conv.nir.load`
+    (a :class:`~braintrace_conv.nir.Network`) is written as it was read, with its current
+    parameters: its nodes, its edges in their order (cycles and summed inputs included, so
+    that it is read back into the same network) and its nested graphs; used as a layer of a
+    model, it becomes a nested graph.
 
     What is written, so that :func:`braintrace_conv.nir.load` (forward Euler, spike above
     threshold) reproduces the model's step exactly in its float dtype:
@@ -610,7 +697,7 @@ def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
         (LIF, IF, CubaLIF, LI; reset ``'zero'``), ``brainstate.nn`` ``Conv1d``/``Conv2d``,
         ``Linear``, ``AvgPool2d`` and ``Flatten``, ``brainpy.state`` ``LIF``, ``IF``,
         ``CubaLIF`` (``spk_reset='hard'``), and graphs loaded by
-        :func:`~braintrace_conv.nir.load`.
+        :func:`~braintrace_conv.nir.load` (as the model, or as a layer of it).
       example_input (array): One step of input with a batch axis, in the model's layout.
       dt (float): The step in seconds (e.g. ``1e-3`` for this library's default 1 ms).
       path (str or path, optional): Also write the graph to this NIR (HDF5) file.
@@ -639,12 +726,22 @@ def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
     x = jnp.asarray(example_input)
     if x.ndim < 2:
         raise ValueError(f'example_input must be one step with a batch axis, got shape {x.shape}.')
+    metadata = {'dt': float(dt), 'exported_by': 'braintrace_conv'}
+    if isinstance(model, Network):      # a loaded graph: written as it was read
+        if tuple(x.shape[1:]) != model.input_shape:
+            raise ValueError(f'example_input must be one step of the loaded graph\'s input, '
+                             f'(batch, {", ".join(map(str, model.input_shape))}) channels '
+                             f'first, got shape {x.shape}.')
+        ctx = _context(model, float(dt), bool(subtract_reset), bool(unit_r))
+        graph = _network_graph(model, ctx, dict(metadata, input_layout='channels_first'))
+        if path is not None:
+            nir.write(str(pathlib.Path(path)), graph)
+        return graph
     nodes, edges, index = _trace(model, x, float(dt), bool(subtract_reset), bool(unit_r))
     layout = 'channels_last' if not np.array_equal(index, np.arange(index.size).reshape(index.shape)) \
         else 'channels_first'
     graph = nir.NIRGraph(nodes=nodes, edges=edges, type_check=False,
-                         metadata={'dt': float(dt), 'exported_by': 'braintrace_conv',
-                                   'input_layout': layout})
+                         metadata=dict(metadata, input_layout=layout))
     if path is not None:
         nir.write(str(pathlib.Path(path)), graph)
     return graph

@@ -206,6 +206,46 @@ def test_refusals_name_the_node_and_the_reason():
         bnir.load(g, dt=DT)(jnp.zeros((B, 4)))
 
 
+def test_an_affine_map_without_bias_has_a_zero_bias():
+    g, _, w_rec = recurrent_graph(bias=0.0)
+    without = nir.NIRGraph(dict(g.nodes, rec=nir.Affine(weight=w_rec, bias=None)), g.edges,
+                           type_check=False)                    # nir accepts it
+    net, xs = bnir.load(without, dt=DT), drive(shape=(3,))
+    np.testing.assert_array_equal(simulate(net, xs), simulate(bnir.load(g, dt=DT), xs))
+    assert np.array_equal(np.asarray(net.layers['rec'].bias.value), np.zeros(N))
+
+
+def test_a_file_nir_cannot_read_is_named_with_nir_s_reason(tmp_path):
+    junk = tmp_path / 'junk.nir'
+    junk.write_bytes(b'not a NIR file')
+    with pytest.raises(ValueError, match=rf'^{junk} cannot be read as a NIR graph: nir says '
+                                         rf'OSError: .*file signature not found.*$'):
+        bnir.load(junk, dt=DT)
+    with pytest.raises(FileNotFoundError, match=f'NIR file {tmp_path / "absent.nir"} does not '
+                                                f'exist'):
+        bnir.load(tmp_path / 'absent.nir', dt=DT)
+
+
+def test_a_peer_s_file_whose_declared_shapes_nir_rejects_loads_and_runs(tmp_path):
+    """A nested graph whose Input declares another shape than it is fed (as peers write
+    them): nir's type inference fails on it, even with type_check=False."""
+    lif = nir.LIF(tau=p(5e-3), r=p(5.0), v_leak=p(0.0), v_threshold=p(1.0))
+    inner = nir.NIRGraph({'input': nir.Input(np.array([3])), 'lif': lif,
+                          'output': nir.Output(np.array([N]))},
+                         [('input', 'lif'), ('lif', 'output')], type_check=False)
+    w = RNG.normal(size=(N, 3))
+    outer = nir.NIRGraph({'input': nir.Input(np.array([3])), 'fc': nir.Linear(weight=w),
+                          'rnn': inner, 'output': nir.Output(np.array([N]))},
+                         [('input', 'fc'), ('fc', 'rnn'), ('rnn', 'output')], type_check=False)
+    path = tmp_path / 'peer.nir'
+    nir.write(path, outer)
+    with pytest.raises(ValueError, match='type mismatch'):
+        nir.read(path, type_check=False)
+    xs = drive(shape=(3,))
+    np.testing.assert_array_equal(simulate(bnir.load(path, dt=DT), xs),
+                                  simulate(bnir.load(outer, dt=DT), xs))
+
+
 # --------------------------------------------------------------------------- online training
 @pytest.mark.parametrize('neuron', ['LIF', 'CubaLIF', 'IF', 'LI'])
 def test_d_rtrl_equals_bptt_on_a_loaded_conv_layer(neuron):
