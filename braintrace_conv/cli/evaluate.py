@@ -149,8 +149,13 @@ def _check_held_out(held: EventStream, meta: dict, path: Path, allow: bool, usag
     changed = checkpoint.config_differences(stored, stream_config(held))
     if not changed:
         return
-    message = (f'the held-out recordings of the run in {path} differ from those it was '
-               f'evaluated on (in {", ".join(changed)})')
+    _data_changed(f'the held-out recordings of the run in {path} differ from those it was '
+                  f'evaluated on (in {", ".join(changed)})', allow, usage)
+
+
+def _data_changed(message: str, allow: bool, usage: str) -> None:
+    """Refuse to evaluate on data that changed since the run (``message`` says how), or,
+    with ``allow`` (``--allow-data-change``), say so and go on."""
     if not allow:
         raise UsageError(f'--run: {message}; pass --allow-data-change to evaluate anyway', usage)
     warnings.warn(f'{message}; evaluating anyway (--allow-data-change)', RuntimeWarning)
@@ -254,9 +259,6 @@ def _check_test_data(test, meta: dict, path, allow: bool, usage: str) -> None:
         warnings.warn(f'{path}, test set: {note}', RuntimeWarning)
     if change is None:
         return
-    message = (f'the test set rebuilt for the run in {path} differs from the one it was '
-               f'evaluated on: {change}')
-    if not allow:
-        raise UsageError(f'--run: {message}; pass --allow-data-change to evaluate anyway', usage)
-    warnings.warn(f'{message}; evaluating anyway (--allow-data-change)', RuntimeWarning)
+    _data_changed(f'the test set rebuilt for the run in {path} differs from the one it was '
+                  f'evaluated on: {change}', allow, usage)
 

@@ -62,8 +62,8 @@ except ImportError:     # no advisory locks on this platform: an exclusively cre
 __all__ = ['LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'METRICS_NAME', 'SCALARS_NAME', 'CURVE_NAME',
            'TENSORBOARD_DIR', 'RUN_FILES', 'CHECKPOINTS', 'LOCK_NAME', 'TRASH_PREFIX',
            'STAGING_PREFIX', 'RunLockedError', 'RunExistsError', 'NothingToResumeError',
-           'RunDirectoryLostError', 'run_files', 'check', 'create', 'stage', 'commit', 'locked', 'lock_holder', 'lagging', 'lagging_files',
-           'checkpoint_file']
+           'RunDirectoryLostError', 'run_files', 'check', 'create', 'stage', 'commit',
+           'locked', 'lock_holder', 'lagging', 'lagging_files', 'checkpoint_file']
 
 #: Checkpoint after the last completed epoch.
 LAST_CHECKPOINT = 'checkpoint-last.npz'
@@ -497,8 +497,7 @@ def create(directory: Union[str, os.PathLike]) -> Path:
     for stale in _stale_temporaries(directory):
         if stale.name.startswith(TRASH_PREFIX) and \
                 not os.path.lexists(directory / LAST_CHECKPOINT):
-            _move(run_files(stale), stale, directory, 'cannot restore the run in '
-                                                      f'{directory}')
+            _move(run_files(stale), stale, directory, f'cannot restore the run in {directory}')
         _remove(stale)
     return directory
 

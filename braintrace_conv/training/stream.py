@@ -122,8 +122,8 @@ def _check_stream(trainer, name: str, stream) -> None:
 
 
 def check_arguments(trainer, stream, eval_stream, *, max_steps, eval_every,
-                     checkpoint_every, log_every, settle_steps, out_dir, resume, overwrite,
-                     run_config) -> _Arguments:
+                    checkpoint_every, log_every, settle_steps, out_dir, resume, overwrite,
+                    run_config) -> _Arguments:
     """The arguments of :func:`fit_stream`, checked with the streams; changes nothing."""
     _check_stream(trainer, 'stream', stream)
     _check_trainer(trainer, stream)
@@ -438,9 +438,9 @@ def fit_stream(trainer, stream, *, eval_stream=None, eval_every: Optional[int] =
                tensorboard: Optional[bool] = None, progress: bool = True) -> dict:
     """:meth:`Trainer.fit_stream <braintrace_conv.training.Trainer.fit_stream>`."""
     args = check_arguments(trainer, stream, eval_stream, max_steps=max_steps,
-                            eval_every=eval_every, checkpoint_every=checkpoint_every,
-                            log_every=log_every, settle_steps=settle_steps, out_dir=out_dir,
-                            resume=resume, overwrite=overwrite, run_config=run_config)
+                           eval_every=eval_every, checkpoint_every=checkpoint_every,
+                           log_every=log_every, settle_steps=settle_steps, out_dir=out_dir,
+                           resume=resume, overwrite=overwrite, run_config=run_config)
     fit_config = dict(eval_stream=stream_config(eval_stream), eval_every=args.eval_every,
                       settle_steps=args.settle_steps)
     with contextlib.ExitStack() as stack:
