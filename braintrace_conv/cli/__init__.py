@@ -13,7 +13,10 @@ directory ``--out`` (checkpoints, ``metrics.json``, ``scalars.csv``,
 ``learning_curve.png``; see :mod:`braintrace_conv.training`). It ends with the
 test accuracy, the wall time and the peak resident memory. A directory that
 already holds a run is continued with ``--resume`` (with the same options) or
-replaced with ``--overwrite``, never overwritten silently.
+replaced with ``--overwrite`` once the new run has written its first checkpoint,
+never overwritten silently; a run stopped by bad data, an error or an
+interruption keeps what it wrote, and before its first checkpoint leaves the
+directory as it was.
 
 The options that define the result are stored with the run and must be equal
 on ``--resume``; ``--devices`` and ``--cache-size`` may change (a different
@@ -37,7 +40,9 @@ that ``--resume`` continues exactly where the run stopped.
 
 ``braintrace-conv evaluate --run DIR`` rebuilds the data and model of a saved
 run from its stored options, loads its best (or ``--checkpoint last``)
-parameters and reports the test loss, accuracy and spike rates. Test data
+parameters, says which, and reports the test loss, accuracy and spike rates; a
+run of ``stream`` is scored on its held-out recordings (or those of
+``--recordings``) with the metrics of its own evaluations. Test data
 that differ from those the run was evaluated on (files added, removed,
 swapped, or changed in size or modification time) are refused unless
 ``--allow-data-change``. The data of a run of ``--task events`` are read from

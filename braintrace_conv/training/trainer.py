@@ -645,9 +645,12 @@ class Trainer:
             run killed after its last checkpoint are repaired first. The number
             of devices may differ (a warning says so): the run then equals an
             uninterrupted one up to the rounding of the gradient's batch sum.
-          overwrite: Replace the run in ``out_dir``: its run files are removed, all or
-            nothing (a file that cannot be moved aside is an ``OSError``
-            naming it, and the run is left as it was).
+          overwrite: Replace the run in ``out_dir``, once this run has written its first
+            checkpoint: until then a new run writes into a hidden directory in ``out_dir``
+            (:func:`~braintrace_conv.training.run_dir.stage`), so a run that fails or is
+            interrupted before leaves the old one as it was; then the old run files are
+            replaced all or nothing (a file that cannot be moved aside is an ``OSError``
+            naming it, and the old run is left as it was).
           run_config: JSON-able description of the run (e.g. the command-line options),
             stored in checkpoints and ``metrics.json``.
           log_every: Batches between rows of ``scalars.csv``.
@@ -726,7 +729,8 @@ class Trainer:
             if it had not stopped; the trainer's settings, ``run_config``, the streams'
             arguments and files (names and sizes), ``eval_every`` and ``settle_steps`` must
             be those of the run.
-          overwrite: Replace the run in ``out_dir``.
+          overwrite: Replace the run in ``out_dir``, once this run has written its first
+            checkpoint (as :meth:`fit` does).
           run_config: JSON-able description of the run, stored and compared on resume.
           checkpoint_every: Chunks between checkpoints (also written after every
             evaluation and at the end); ``None``: only then.
