@@ -233,7 +233,11 @@ def _open_run(trainer, out_dir: Path, resume: bool, epochs: int, expected: dict,
     if not trainer._writer:
         return None
     files = RunFiles(out_dir, resume=resume)
-    files.open_log(start_update=trainer.updates, tensorboard=tensorboard)
+    try:
+        files.open_log(start_update=trainer.updates, tensorboard=tensorboard)
+    except BaseException:       # e.g. tensorboard=True without tensorboardX
+        files.close()
+        raise
     return files
 
 
