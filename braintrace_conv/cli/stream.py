@@ -115,13 +115,12 @@ def _classes(values: dict, given_names: list, usage: str) -> int:
 def _recordings(files, segments, option: str, usage: str, sensor_size=None) -> list:
     """The :class:`Recording` of each event file of ``option`` with its segments file; with
     ``sensor_size``, every event of each file is read and checked first
-    (:meth:`EventReader.blocks <braintrace_conv.data.EventReader.blocks>`: memory-mapped
-    ``.npy`` and stored ``.npz`` files, camera files decoded), so that bad data stop a run
-    before it writes anything."""
+    (:meth:`EventReader.check <braintrace_conv.data.EventReader.check>`: memory-mapped
+    ``.npy`` and stored ``.npz`` files in place, camera files decoded), so that bad data
+    stop a run before it writes anything."""
     try:
         for path in files if sensor_size is not None else ():
-            for _ in EventReader(path, sensor_size=sensor_size).blocks():
-                pass
+            EventReader(path, sensor_size=sensor_size).check()
         return [Recording(f, s) for f, s in zip(files, segments)]
     except (OSError, ValueError, ImportError) as error:
         raise UsageError(f'{flag(option)}: {error}', usage) from None
