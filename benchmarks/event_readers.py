@@ -9,7 +9,7 @@ each run in a fresh process so that its peak memory is its own:
 * ``aedat`` (AEDAT4 only),
 * ``expelliarmus`` (EVT2, EVT3; tonic's dependency),
 * ``prophesee``: the library's own EVT2/EVT3 decoder
-  (:func:`braintrace_conv.data.prophesee.decode`) alone, to compare with faery's,
+  (:func:`braintrace_conv.data.files.prophesee.decode`) alone, to compare with faery's,
 * ``braintrace_conv``: :class:`~braintrace_conv.data.EventReader` block by block and
   :func:`~braintrace_conv.data.read_events` (faery underneath for AEDAT4, the decoder
   above for EVT, plus the checks of every event and the conversion to
@@ -105,7 +105,8 @@ def _packets(reader: str, path: str, fmt: str):
         for _, events in EventReader(path).blocks():
             yield events
     elif reader == 'prophesee':
-        from braintrace_conv.data import CAMERA_EVENT_DTYPE, prophesee
+        from braintrace_conv.data import CAMERA_EVENT_DTYPE
+        from braintrace_conv.data.files import prophesee
         header = prophesee.read_header(path)
         yield from prophesee.decode(path, header.version, data_offset=header.data_offset,
                                     dtype=CAMERA_EVENT_DTYPE)

@@ -54,7 +54,7 @@ apimodule_order = [
     'braintrace_conv.nn.surrogate',
     'braintrace_conv.data',
     'braintrace_conv.data.encoders',
-    'braintrace_conv.data.prophesee',
+    'braintrace_conv.data.files.prophesee',
     'braintrace_conv.models',
     'braintrace_conv.primitive',
     'braintrace_conv.plot',

@@ -46,37 +46,26 @@ Long recordings
     W)`` with per-step targets from labelled time segments, resumable bit for bit.
 :func:`gesture_recordings`
     Long synthetic gesture recordings in DVS Gesture's raw layout (events + segments CSV).
+
+Where things live
+-----------------
+``files/`` (event files: read, write, one module per format), ``binning.py`` (events to
+frames), ``datasets/`` (labelled samples, in memory or binned on demand), ``streams/``
+(recordings played endlessly, with their segments), ``tasks/`` (generated data sets and
+recordings) and ``encoders.py`` (spike encoders for static inputs). Every public name is
+re-exported here.
 """
 from . import encoders
-
-from .cue_accumulation import cue_accumulation
-from .dataset import EventDataset, FrameDataset
-from .delayed_bars import delayed_bars
-from .delayed_match import delayed_match_to_sample
-from .digits import digits_saccades, saccade_path
-from .event_files import (
-    from_directory,
-    from_tonic,
-    load_event_file,
-    stream_directory,
-    stream_tonic,
-)
-from .frames import events_to_frames
-from .gesture_recordings import GESTURE_NAMES, gesture_recordings
-from .moving_bars import (
-    DIRECTION_NAMES,
-    MotionScenes,
-    dvs_events,
-    moving_bars,
-    render_scenes,
-    sample_scenes,
-)
-from .read import CAMERA_EVENT_DTYPE, EventFileError, EventReader, read_events
-from .segments import Segments, read_segments, write_segments
-from .spoken_digits import synthetic_shd
-from .stream import EventStream, Recording, find_recordings
-from .streaming import StreamingEventDataset
-from .write import write_events
+from .binning import events_to_frames
+from .datasets import (EventDataset, FrameDataset, StreamingEventDataset, from_directory,
+                       from_tonic, load_event_file, stream_directory, stream_tonic)
+from .files import CAMERA_EVENT_DTYPE, EventFileError, EventReader, read_events, write_events
+from .streams import (EventStream, Recording, Segments, find_recordings, read_segments,
+                      write_segments)
+from .tasks import (DIRECTION_NAMES, GESTURE_NAMES, MotionScenes, cue_accumulation,
+                    delayed_bars, delayed_match_to_sample, digits_saccades, dvs_events,
+                    gesture_recordings, moving_bars, render_scenes, saccade_path,
+                    sample_scenes, synthetic_shd)
 
 __all__ = [
     "CAMERA_EVENT_DTYPE",

@@ -238,7 +238,7 @@ def test_every_recording_is_checked_before_the_run_writes_anything(gestures, fin
 @pytest.mark.parametrize('how', ['new', 'overwrite', 'resume'])
 def test_an_error_met_mid_run_keeps_what_the_run_directory_holds(gestures, finished, tmp_path,
                                                                  capsys, monkeypatch, how):
-    from braintrace_conv.data import read
+    from braintrace_conv.data.files import read
     command = sys.modules['braintrace_conv.cli.stream']     # the package names its function so
     second, out = tmp_path / 'second.npy', tmp_path / 'run'
     shutil.copy(gestures[0][1], second)

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import height_width, integer, number, positive_range
+from ..._validation import height_width, integer, number, positive_range
 from .moving_bars import dvs_events
-from .read import CAMERA_EVENT_DTYPE
-from .segments import Segments, write_segments
-from .stream import Recording
-from .write import write_events
+from ..files.read import CAMERA_EVENT_DTYPE
+from ..streams.segments import Segments, write_segments
+from ..streams.event_stream import Recording
+from ..files.write import write_events
 
 __all__ = ["GESTURE_NAMES", "gesture_recordings"]
 

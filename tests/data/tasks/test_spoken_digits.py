@@ -10,7 +10,7 @@ import pytest
 import braintrace_conv as bc
 from braintrace_conv import nn
 from braintrace_conv.data import EventDataset, events_to_frames, synthetic_shd
-from braintrace_conv.data.spoken_digits import EVENT_DTYPE as SHD_DTYPE
+from braintrace_conv.data.tasks.spoken_digits import EVENT_DTYPE as SHD_DTYPE
 
 
 class TestSyntheticSHD:

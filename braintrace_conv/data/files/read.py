@@ -7,7 +7,7 @@ Formats
 suffix         format                                       read by
 =============  ===========================================  =====================================
 ``.npy``       one structured event array (the library's     numpy, memory-mapped
-               layout, :mod:`~braintrace_conv.data.frames`)
+               layout, :mod:`~braintrace_conv.data.binning`)
 ``.npz``       the same under the key ``events`` (or as the  numpy: memory-mapped when stored,
                only array)                                   inflated block by block when deflated
 ``.aedat4``    AEDAT 4 (iniVation DV), first event track     ``faery`` (extra ``events``)
@@ -23,7 +23,7 @@ OFF). ``.npy``/``.npz`` files keep their stored dtype; camera files give
 measurements behind the choice of ``faery``, and why EVT files are decoded here: faery
 0.7's EVT 3.0 decoder misses counter wraps after silences, and its EVT 2.0 decoder hides a
 timestamp that goes backwards. Timestamps of EVT files are counted on across their
-counters' wraps (rule in :mod:`~braintrace_conv.data.prophesee`).
+counters' wraps (rule in :mod:`~braintrace_conv.data.files.prophesee`).
 
 Every event that is read is checked: timestamps finite, non-negative and never going
 backwards, coordinates non-negative integers inside the sensor (when the file or the caller
@@ -43,8 +43,8 @@ from xml.etree import ElementTree
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .._npy_files import NpyFileError, npy_entries, npy_header
-from .._validation import integer
+from ..._npy_files import NpyFileError, npy_entries, npy_header
+from ..._validation import integer
 from . import prophesee
 
 __all__ = ["CAMERA_EVENT_DTYPE", "EventFileError", "EventReader", "read_events"]

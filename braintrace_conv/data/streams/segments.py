@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import integer, one_of
+from ..._validation import integer, one_of
 
 __all__ = ["Segments", "read_segments", "write_segments"]
 

@@ -1,16 +1,16 @@
 """Labelled collections of recorded events: tonic datasets and directories of files.
 
 Recorded event streams are numpy structured arrays in tonic's format (see
-:mod:`braintrace_conv.data.frames`). This module turns labelled collections
+:mod:`braintrace_conv.data.binning`). This module turns labelled collections
 of them into datasets, either in memory (:func:`from_tonic`,
-:func:`from_directory` -> :class:`~braintrace_conv.data.dataset.EventDataset`)
+:func:`from_directory` -> :class:`~braintrace_conv.data.EventDataset`)
 or streamed, binned per batch with a bounded cache (:func:`stream_tonic`,
 :func:`stream_directory` ->
-:class:`~braintrace_conv.data.streaming.StreamingEventDataset`). The
+:class:`~braintrace_conv.data.StreamingEventDataset`). The
 ``tonic`` package itself is not required.
 
 Every function takes the binning keywords of
-:func:`~braintrace_conv.data.frames.events_to_frames` (``n_time_bins``,
+:func:`~braintrace_conv.data.events_to_frames` (``n_time_bins``,
 ``time_window_us``, ``event_count``, ``t_start_us``); all samples of a
 dataset need the same number of time steps, so give ``n_time_bins``.
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .._npy_files import npy_entries, npy_header, read_npy, read_npz
-from ._binning import Binning
+from ..._npy_files import npy_entries, npy_header, read_npy, read_npz
+from ..binning import Binning
 from .dataset import EventDataset
-from .streaming import StreamingEventDataset
+from .on_demand import StreamingEventDataset
 
 __all__ = [
     "from_directory",

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._validation import integer
-from .dataset import EventDataset
+from ..._validation import integer
+from ..datasets.dataset import EventDataset
 from .moving_bars import moving_bars
 
 __all__ = ["delayed_bars"]

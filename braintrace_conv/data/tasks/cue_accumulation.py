@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import integer, number
-from .dataset import EventDataset
+from ..._validation import integer, number
+from ..datasets.dataset import EventDataset
 
 __all__ = ["cue_accumulation"]
 

@@ -11,10 +11,10 @@ from braintrace_conv.data import (
     CAMERA_EVENT_DTYPE,
     EventFileError,
     EventReader,
-    prophesee,
     read_events,
     write_events,
 )
+from braintrace_conv.data.files import prophesee
 
 SENSOR = (24, 16)
 EVT3_WRAP = 1 << 24            # microseconds; EVT 2.0's timestamps wrap at 2^34

@@ -6,8 +6,8 @@ the events of its samples, bins them into frames and stacks them; the
 frames of the most recently used samples stay in a bounded LRU cache, so a
 data set far larger than RAM trains with the memory of ``cache_size``
 samples plus one batch. Batches, splits and subsets behave exactly as for
-the in-memory :class:`~braintrace_conv.data.dataset.EventDataset`
-(:class:`~braintrace_conv.data.dataset.FrameDataset`).
+the in-memory :class:`~braintrace_conv.data.EventDataset`
+(:class:`~braintrace_conv.data.FrameDataset`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .._validation import index_array, integer, label_array, per_class_names, string
+from ..._validation import index_array, integer, label_array, per_class_names, string
 from ._arrays import read_only
 from .dataset import EventDataset, FrameDataset
 

@@ -6,15 +6,15 @@ triangular path of three straight saccades, in the manner of N-MNIST. The
 sensor sees the digit as a continuous image (bilinear interpolation of the
 8x8 grey levels) magnified to ``digit_size`` pixels, bright ink on a dark
 background; log-intensity changes are turned into ON/OFF events by
-:func:`~braintrace_conv.data.moving_bars.dvs_events`.
+:func:`~braintrace_conv.data.dvs_events`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._validation import at_most, height_width, integer, number
-from .dataset import EventDataset
+from ..._validation import at_most, height_width, integer, number
+from ..datasets.dataset import EventDataset
 from .moving_bars import dvs_events
 
 __all__ = ["digits_saccades", "saccade_path"]
@@ -117,7 +117,7 @@ def digits_saccades(
     path of :func:`saccade_path` over the ``T`` time steps. Sensor intensity
     is ``background + (1 - background) * ink`` with ink density in [0, 1];
     it is imaged ``substeps`` times per time step and converted to events by
-    :func:`~braintrace_conv.data.moving_bars.dvs_events`.
+    :func:`~braintrace_conv.data.dvs_events`.
 
     Args:
       n_samples: Number of digits ``N`` drawn without replacement from the 1797

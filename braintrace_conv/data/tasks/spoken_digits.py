@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import integer, number, positive_range
-from .dataset import EventDataset
-from .frames import events_to_frames
+from ..._validation import integer, number, positive_range
+from ..datasets.dataset import EventDataset
+from ..binning import events_to_frames
 
 __all__ = ["EVENT_DTYPE", "synthetic_shd"]
 

@@ -3,13 +3,13 @@
 One sample is a dense tensor of event counts of shape ``(T, *frame_shape)``:
 ``T`` time steps of one frame each, usually ``(P, X)`` for audio-like
 sensors, ``(P, H, W)`` for DVS cameras or ``(P, D, H, W)`` for volumes, with
-``P`` polarity channels (see :mod:`braintrace_conv.data.frames`). Batches are
+``P`` polarity channels (see :mod:`braintrace_conv.data.binning`). Batches are
 handed out time-major, ``(T, B, *frame_shape)``, the layout recurrent models
 scan over, with int32 labels ``(B,)``.
 
 :class:`FrameDataset` holds what every dataset shares -- labels, stratified
 splits, shuffled batches -- and :class:`EventDataset` keeps all frames in
-memory; :class:`~braintrace_conv.data.streaming.StreamingEventDataset` builds
+memory; :class:`~braintrace_conv.data.StreamingEventDataset` builds
 them from files on demand.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .._validation import index_array, integer, interval, label_array, per_class_names, string
+from ..._validation import index_array, integer, interval, label_array, per_class_names, string
 from ._arrays import read_only
 
 __all__ = ["EventDataset", "FrameDataset"]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from braintrace_conv.data import events_to_frames, synthetic_shd
-from braintrace_conv.data.spoken_digits import EVENT_DTYPE as SHD_DTYPE
+from braintrace_conv.data.tasks.spoken_digits import EVENT_DTYPE as SHD_DTYPE
 
 EVENT_DTYPE = np.dtype([("x", np.int64), ("y", np.int64), ("t", np.int64), ("p", np.int64)])
 

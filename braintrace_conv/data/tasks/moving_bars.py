@@ -38,8 +38,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._validation import height_width, integer, number, positive_range
-from .dataset import EventDataset
+from ..._validation import height_width, integer, number, positive_range
+from ..datasets.dataset import EventDataset
 
 __all__ = [
     "DIRECTION_NAMES",

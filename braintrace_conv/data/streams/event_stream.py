@@ -53,9 +53,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import integer
-from ._binning import Binning
-from .read import EventReader
+from ..._validation import integer
+from ..binning import Binning
+from ..files.read import EventReader
 from .segments import Segments, read_segments
 
 __all__ = ["EventStream", "Recording", "find_recordings"]
