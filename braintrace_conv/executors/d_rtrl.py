@@ -54,24 +54,36 @@ class D_RTRL(OnlineLearner):
                 for k, op in enumerate(graph.ops) if op.group is not None}
 
     def _advance_ops(self, graph, traces, sig, weights):
-        new = {}
-        for k, op in enumerate(graph.ops):
-            if op.group is None:
-                continue
-            d, df = self.signals_in_y_layout(graph, k, sig)
-            rule, w = op.primitive.rule, self.op_weights(graph, k, weights)
-            new[k] = jax.tree.map(jnp.add, rule('yw_to_w')(d, traces[k], **op.params),
-                                  rule('xdf_to_trace')(sig.op_inputs[k], df, w, **op.params))
-        return new
+        return {k: advance_exact_trace(self, graph, k, traces[k], sig, weights) for k in traces}
 
     def _contract(self, graph, k, traces, g, weights):
-        op = graph.ops[k]
-        return op.primitive.rule('trace_to_dw')(traces[k], g, self.op_weights(graph, k, weights),
-                                                **op.params)
+        return contract_exact_trace(self, graph, k, traces[k], g, weights)
 
     def _trace_method(self, graph, k, slot):
         return DRTRL_TRACE
 
     def _op_trace_bytes(self, graph, op_state):
-        return {k: {slot: math.prod(a.shape) * a.dtype.itemsize for slot, a in t.items()}
-                for k, t in op_state.items()}
+        return {k: exact_trace_bytes(t) for k, t in op_state.items()}
+
+
+# Op by op, for D_RTRL and for the ops ES_D_RTRL gives exact traces (``exact=``).
+def advance_exact_trace(learner, graph, k, trace, sig, weights):
+    """Grouped op ``k``'s exact trace advanced by one step:
+    ``yw_to_w(D, E) + xdf_to_trace(x, Df)``."""
+    op = graph.ops[k]
+    d, df = learner.signals_in_y_layout(graph, k, sig)
+    rule, w = op.primitive.rule, learner.op_weights(graph, k, weights)
+    return jax.tree.map(jnp.add, rule('yw_to_w')(d, trace, **op.params),
+                        rule('xdf_to_trace')(sig.op_inputs[k], df, w, **op.params))
+
+
+def contract_exact_trace(learner, graph, k, trace, g, weights):
+    """Op ``k``'s weight gradients ``{slot: dw}`` from its exact trace and a learning signal."""
+    op = graph.ops[k]
+    return op.primitive.rule('trace_to_dw')(trace, g, learner.op_weights(graph, k, weights),
+                                            **op.params)
+
+
+def exact_trace_bytes(trace) -> dict:
+    """``{slot: bytes}`` of one op's exact trace (arrays or their shapes)."""
+    return {slot: math.prod(a.shape) * a.dtype.itemsize for slot, a in trace.items()}
