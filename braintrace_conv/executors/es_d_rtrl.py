@@ -1,41 +1,55 @@
-r"""ES-D-RTRL: linear-memory traces, input trace ⊗ output trace (``docs/theory.md``).
+r"""ES-D-RTRL: linear-memory traces, input traces ⊗ output trace (``docs/theory.md``).
 
-Per grouped op, with a decay ``alpha`` and ``Z^t = sum_{r=0..t} alpha^r``
-counted from the sequence start inside the scan::
+Per grouped op, one output trace carries the dynamics of the neurons the op drives,
+and one input trace per timescale of those neurons filters the op's input::
 
-    ex^t = alpha * ex^{t-1} + x^t                 one per distinct (op input, alpha)
-    ef^t = D^t ef^{t-1} + Df^t                    per op, (*y.shape, m)
-    dW  += xy_to_dw(ex^t / Z^t, sum_m g^t * ef^t)
+    ef^t   = D^t ef^{t-1} + Df^t                    per op, (*y.shape, m)
+    ex_j^t = lambda_j ex_j^{t-1} + x^t              per distinct (op input, lambda_j)
+    Z_j^t  = lambda_j Z_j^{t-1} + 1
+    dW    += sum_j xy_to_dw(ex_j^t / Z_j^t, sum_m g^t * (P_j ef^t))
 
-i.e. one weight-gradient convolution per op and step, the work BPTT does per
-step; ``D``, ``Df`` and ``g`` are those of the group's state cut, so a
-reset-after-spike neuron costs no more than any other. Operands whose weight
-gradient does not involve ``x`` (a bias) only need ``ef``, and are exact.
-On a linear leaky layer ``h = alpha h + conv(x) + b`` with the executor's
-decay equal to the layer's, this equals BPTT; on spiking layers it is an
-approximation.
+with ``Dbar = sum_j lambda_j P_j`` the spectral decomposition of the group's mean
+``m x m`` state Jacobian (:mod:`._analysis.spectrum`): a LIF neuron has one decay, its
+membrane's, and this is one weight-gradient convolution per op and step, the work BPTT
+does per step; an adaptive neuron (ALIF) or a current-based one (CubaLIF) has two, and
+the two contractions run as one call. A complex pair of decays takes the real and
+imaginary parts of one complex input trace, a Jordan chain (equal coupled decays) a
+cascade of input traces, and the normalisation is then the matrix ``W^t`` of
+:mod:`._analysis.spectrum` rather than one ``Z_j`` per trace. ``D``, ``Df`` and ``g``
+are those of the group's state cut, so a reset-after-spike neuron costs no more than
+any other. Operands whose weight gradient does not involve ``x`` (a bias) only need
+``ef``, and are exact. On a layer whose state Jacobian and input Jacobian do not change
+in time (a linear layer with any number of coupled states) this equals D-RTRL, and so
+BPTT on one such layer; on spiking layers it is an approximation.
 
-Without an explicit ``decay`` each op's ``alpha`` is inferred from the model:
-the leak ``D`` of the state variable the op drives, averaged over the neurons,
-after two steps from the model's initial state with zero input, with
-functions that carry a custom derivative (surrogate spikes) held constant. For
-a linear leaky layer that is its decay, for a LIF neuron in any style its
-membrane decay ``exp(-dt/tau)``. :meth:`report` shows the decay used per op.
+``Dbar`` is taken after two steps from the model's initial state with zero input, with
+functions that carry a custom derivative (surrogate spikes) held constant: for a LIF
+neuron in any style ``exp(-dt/tau)``, for an ALIF neuron at rest ``exp(-dt/tau)`` and
+``exp(-dt/tau_a)``. With ``decay`` given, every op has that one decay instead, paired
+with its whole output trace. :meth:`report` shows each op's decays.
+
+``exact=`` and ``exact_budget=`` give some ops D-RTRL's exact traces instead
+(``D_RTRL``'s recursion, position-resolved, memory ``B * S_out * |K| * m``): where a
+model's long memory lives in a few small layers, those get exact traces and the large
+ones keep linear memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._validation import interval, optional
-from ..primitive import ES_DRTRL_RULES, apply_state_jacobian
+from .._validation import ArgumentError, WrongTypeError, integer, interval, optional
+from ..primitive import DRTRL_RULES, ES_DRTRL_RULES, apply_state_jacobian
 from .base import OnlineLearner
-from .report import ES_OUTPUT_TRACE, es_factorised_trace
+from .d_rtrl import advance_exact_trace, contract_exact_trace, exact_trace_bytes
+from .report import DRTRL_TRACE, ES_OUTPUT_TRACE, es_factorised_trace
+from ._analysis import spectrum
 from ._analysis.jaxpr import depends_on, is_literal
-from ._analysis.signals import init_release, step_signals
 
 __all__ = ['ES_D_RTRL']
 
@@ -45,14 +59,66 @@ def _decay_value(decay):
                     fix="a membrane's decay per step is exp(-dt/tau)")
 
 
+def _exact_paths(exact) -> tuple:
+    if exact is None:
+        return ()
+    paths = (exact,) if isinstance(exact, str) else exact
+    try:
+        paths = tuple(paths)
+    except TypeError:
+        raise WrongTypeError('exact', exact, 'be a parameter path or a sequence of them',
+                             shown=type(exact).__name__) from None
+    if not all(isinstance(p, str) and p for p in paths):
+        raise WrongTypeError('exact', exact, 'hold parameter paths (non-empty strings), as '
+                             'report() prints them')
+    return paths
+
+
+def _matches(path: str, name: str) -> bool:
+    """Whether ``path`` names the parameter ``name`` or a module or state above it."""
+    return name == path or (name.startswith(path) and name[len(path)] in '.[')
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Plan:
+    """How one analysed step's grouped ops are traced.
+
+    Attributes:
+      exact: ops with D-RTRL's exact traces.
+      modes: per other grouped op, its group's :class:`~._analysis.spectrum.Mode` list.
+      given: whether those are one decay given for every op.
+      filters: per input trace, ``(first op reading it, its Filter)``.
+      reads: per input trace, ``[(coefficient, input trace)]`` of its update (see
+        :meth:`~._analysis.spectrum.Filter.reads`).
+      pairs: per ES op, ``[(input trace, C)]``: its input traces and their ``m x m``
+        matrices; ``C`` is None for an op traced with one decay (``single``).
+      single: ES ops with one input trace paired with the whole output trace.
+    """
+    exact: frozenset
+    modes: dict
+    given: bool
+    filters: list
+    reads: list
+    pairs: dict
+    single: frozenset
+
+
 class ES_D_RTRL(OnlineLearner):
     """ES-D-RTRL executor (see module docstring).
 
     Args:
       model: a ``brainstate.nn.Module``.
-      decay: the input-trace decay ``alpha`` in ``(0, 1]`` (a Python, numpy or
-        jax real scalar), used for every op; ``None`` (default) infers one per
-        op from the dynamics of the neurons it feeds.
+      decay: ``None`` (default): each op gets the decays of the neurons it drives,
+        inferred from the model, one input trace per decay; or one input-trace decay in
+        ``(0, 1]`` (a Python, numpy or jax real scalar) for every op, paired with its
+        whole output trace.
+      exact: parameter paths as :meth:`report` prints them (``"blocks.1.rec.weight"``,
+        ``"fc.weight['weight']"``), or a module path above them (``"blocks.1"``): the ops
+        that use those parameters get D-RTRL's exact traces. A path that names no op
+        traced by its neurons' dynamics is an error.
+      exact_budget: bytes: further ops get exact traces, smallest trace first, as long
+        as all the exact traces together (those of ``exact`` included) take at most
+        this many bytes at the call's shapes. ``None`` (default): only ``exact``.
       trace_dtype: ``None`` (traces in the model's dtype) or a floating dtype for
         the traces and gradient accumulators, e.g. ``jnp.float32`` for a bfloat16
         model (mixed precision).
@@ -70,122 +136,196 @@ class ES_D_RTRL(OnlineLearner):
     # large traces gain from donation (0.87x); benchmarks/call_overheads.py.
     donate_state = False
 
-    def __init__(self, model, decay=None, *, trace_dtype=None, window=None, check_finite=True):
+    def __init__(self, model, decay=None, *, exact: Sequence[str] | str | None = None,
+                 exact_budget: int | None = None, trace_dtype=None, window=None,
+                 check_finite=True):
         super().__init__(model, trace_dtype=trace_dtype, window=window, check_finite=check_finite)
         self.decay = _decay_value(decay)
-        self._inferred = {}
+        self.exact = _exact_paths(exact)
+        self.exact_budget = optional(integer, 'exact_budget', exact_budget, sign='non-negative',
+                                     means='only the ops named by exact')
+        self._exact_ops = {}    # graph id -> ops with exact traces
+        self._plans = {}        # graph id -> _Plan
 
-    # ------------------------------------------------------------------ decays
-    def decays(self, graph) -> dict:
-        """``{op index: alpha}`` for the grouped ops of ``graph``."""
-        grouped = [k for k, op in enumerate(graph.ops) if op.group is not None]
+    # ------------------------------------------------------------------ which ops, which decays
+    def _prepare(self, step):
+        graph = super()._prepare(step)
+        exact = self._choose_exact(graph)
+        for k in sorted(exact):
+            missing = graph.ops[k].primitive.missing_rules(DRTRL_RULES)
+            if missing:
+                raise NotImplementedError(f'{graph.ops[k].label} lacks the ETP rules {missing} '
+                                          f'that its exact trace (exact=) needs.')
+        self._exact_ops[id(graph)] = exact
+        return graph
+
+    def _choose_exact(self, graph) -> frozenset:
+        """The ops named by ``exact``, then those that fit ``exact_budget``."""
+        traced = [k for k, op in enumerate(graph.ops) if op.group is not None]
+        names = {k: [graph.step.param_names[leaf] for leaves in graph.ops[k].slot_params.values()
+                     for leaf in leaves] for k in traced}
+        chosen = set()
+        for path in self.exact:
+            hits = [k for k in traced if any(_matches(path, n) for n in names[k])]
+            if not hits:
+                listed = sorted({n for k in traced for n in names[k]})
+                raise ArgumentError('exact', path, f'name a parameter of an op whose output '
+                                    f'drives neurons, or a module above one: one of {listed}',
+                                    shown=repr(path))
+            chosen.update(hits)
+        if self.exact_budget is not None:
+            sizes = {k: sum(exact_trace_bytes(jax.eval_shape(
+                lambda k=k: self.op_trace_zeros(graph, k, 'init_drtrl'))).values()) for k in traced}
+            total = sum(sizes[k] for k in chosen)
+            for k in sorted(set(traced) - chosen, key=lambda k: (sizes[k], k)):
+                if total + sizes[k] <= self.exact_budget:
+                    chosen.add(k)
+                    total += sizes[k]
+        return frozenset(chosen)
+
+    def _plan(self, graph) -> _Plan:
+        """The tracing of each grouped op (decays inferred once per analysed step)."""
+        if id(graph) not in self._plans:
+            self._plans[id(graph)] = self._make_plan(graph)
+        return self._plans[id(graph)]
+
+    def _make_plan(self, graph) -> _Plan:
+        exact = self._exact_ops[id(graph)]
+        es_ops = [k for k, op in enumerate(graph.ops) if op.group is not None and k not in exact]
         if self.decay is not None:
-            return {k: self.decay for k in grouped}
-        if id(graph) not in self._inferred:
-            self._inferred[id(graph)] = self._infer(graph, grouped)
-        return self._inferred[id(graph)]
-
-    @staticmethod
-    def _infer(graph, grouped):
-        step = graph.step
-        params = step.param_leaves()
-        inputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in step.input_vars]
-        no_loss = lambda out, target: jnp.zeros(())
-
-        def two_steps(hidden):
-            weights = graph.weights(params)
-            release = init_release(graph, jnp.result_type(float))
-            s0 = step_signals(graph, hidden, params, weights, inputs, None, no_loss, release,
-                              hold_custom=True)
-            s1 = step_signals(graph, s0.new_hidden, params, weights, inputs, None, no_loss,
-                              s0.release, hold_custom=True)
-            return s1.D, s1.Df
-
-        hidden = step.hidden_leaves()
-        if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((params, hidden))):
-            raise ValueError('ES_D_RTRL(model) infers its decays from the model\'s parameters '
-                             'and initial state, which are abstract inside jax.jit: call the '
-                             'learner outside jax.jit (it compiles its own calls), make its '
-                             'first call outside, or pass ES_D_RTRL(model, decay=...).')
-        D, Df = jax.jit(two_steps)(hidden)
-        decays = {}
-        for k in grouped:
+            group_modes = {gi: spectrum.single_decay(self.decay, grp.m)
+                           for gi, grp in enumerate(graph.groups)}
+        elif es_ops:
+            group_modes = {gi: spectrum.modes(d)
+                           for gi, d in enumerate(spectrum.mean_state_jacobians(graph))}
+        else:
+            group_modes = {}
+        keys, filters, pairs, single = [], [], {}, set()
+        for k in es_ops:
             op = graph.ops[k]
-            driven = int(np.argmax(np.mean(np.abs(np.asarray(Df[k])).reshape(-1, Df[k].shape[-1]),
-                                           axis=0)))
-            alpha = float(np.mean(np.asarray(D[op.group])[..., driven, driven]))
-            if not 0 < alpha <= 1:
-                raise ValueError(f'the decay inferred for {op.label} from the dynamics at the '
-                                 f'initial state is {alpha:.4g}, outside (0, 1]; pass '
-                                 f'ES_D_RTRL(model, decay=...) explicitly.')
-            decays[k] = alpha
-        return decays
+            found = group_modes[op.group]
+            largest = spectrum.largest_modulus(found)
+            if largest > 1 + spectrum.MERGE_TOLERANCE:
+                raise ValueError(f'the dynamics of the neurons {op.label} drives grow at the '
+                                 f'initial state (a decay of modulus {largest:.4g} > 1 per '
+                                 f'step); pass ES_D_RTRL(model, decay=...) explicitly.')
+            is_single = spectrum.is_single(found, graph.groups[op.group].m)
+            if is_single:
+                single.add(k)
+            x_key = op.x_var if not is_literal(op.x_var) else ('literal', k)
+            pairs[k] = []
+            for filt, C in spectrum.filters(found):
+                key = (x_key, filt.key)
+                if key not in keys:
+                    keys.append(key)
+                    filters.append((k, filt))
+                pairs[k].append((keys.index(key), None if is_single else C))
+        reads = [[(c, keys.index((keys[s][0], key))) for c, key in filt.reads()]
+                 for s, (_, filt) in enumerate(filters)]
+        return _Plan(exact, {k: group_modes[graph.ops[k].group] for k in es_ops},
+                     self.decay is not None, filters, reads, pairs, frozenset(single))
 
     # ------------------------------------------------------------------ traces
-    def _input_slots(self, graph):
-        """``(slots, readers)``: op index -> index of its input trace (ops reading the same
-        value with the same decay share one), and for each input trace the first op that
-        reads it."""
-        decays = self.decays(graph)
-        keys, slots, readers = [], {}, []
-        for k, op in enumerate(graph.ops):
-            if op.group is None:
-                continue
-            key = (op.x_var if not is_literal(op.x_var) else ('literal', k), decays[k])
-            if key not in keys:
-                keys.append(key)
-                readers.append(k)
-            slots[k] = keys.index(key)
-        return slots, readers
-
     def _init_traces(self, graph, hidden):
-        slots, readers = self._input_slots(graph)
+        plan = self._plan(graph)
         dtype = self.dtype(graph)
-        x_traces = [jnp.zeros(graph.ops[k].x_aval.shape, dtype) for k in readers]
-        out_traces = {k: self.op_trace_zeros(graph, k, 'init_pp') for k in slots}
-        norms = [jnp.zeros((), dtype) for _ in readers]
-        return dict(x=x_traces, f=out_traces, norm=norms)
+        x_traces = [jnp.zeros(graph.ops[k].x_aval.shape, dtype) for k, _ in plan.filters]
+        out_traces = {k: self.op_trace_zeros(graph, k, 'init_pp') for k in plan.pairs}
+        norms = [jnp.zeros((), dtype) for _ in plan.filters]
+        exact = {k: self.op_trace_zeros(graph, k, 'init_drtrl') for k in plan.exact}
+        return dict(x=x_traces, f=out_traces, norm=norms, exact=exact)
 
     def _advance_ops(self, graph, state, sig, weights):
-        slots, readers = self._input_slots(graph)
-        decays = self.decays(graph)
-        alphas = [decays[k] for k in readers]
-        norms = [a * z + 1.0 for a, z in zip(alphas, state['norm'])]
-        x_traces = [a * trace + sig.op_inputs[k].astype(trace.dtype)
-                    for a, trace, k in zip(alphas, state['x'], readers)]
+        plan = self._plan(graph)
+        ones = [1.0] * len(plan.filters)
+        inputs = [sig.op_inputs[k] for k, _ in plan.filters]
+        norms = _filtered(plan, state['norm'], ones)
+        x_traces = _filtered(plan, state['x'], [x.astype(t.dtype) for x, t in
+                                                zip(inputs, state['x'])])
         out_traces = {}
-        for k in slots:
+        for k in plan.pairs:
             d, df = self.signals_in_y_layout(graph, k, sig)
             out_traces[k] = apply_state_jacobian(d, state['f'][k]) + df
-        return dict(x=x_traces, f=out_traces, norm=norms)
+        exact = {k: advance_exact_trace(self, graph, k, state['exact'][k], sig, weights)
+                 for k in plan.exact}
+        return dict(x=x_traces, f=out_traces, norm=norms, exact=exact)
 
     def _contract(self, graph, k, state, g, weights):
-        s = self._input_slots(graph)[0][k]
-        x_hat = state['x'][s] / state['norm'][s].astype(state['x'][s].dtype)
-        op = graph.ops[k]
-        return op.primitive.rule('xy_to_dw')(x_hat, jnp.sum(g * state['f'][k], axis=-1),
-                                             self.op_weights(graph, k, weights), **op.params)
+        plan = self._plan(graph)
+        if k in plan.exact:
+            return contract_exact_trace(self, graph, k, state['exact'][k], g, weights)
+        op, w = graph.ops[k], self.op_weights(graph, k, weights)
+        rule = op.primitive.rule('xy_to_dw')
+        if k in plan.single:
+            s = plan.pairs[k][0][0]
+            x_hat = state['x'][s] / state['norm'][s].astype(state['x'][s].dtype)
+            return rule(x_hat, jnp.sum(g * state['f'][k], axis=-1), w, **op.params)
+        return self._contract_modes(graph, k, state, g, w)
+
+    def _contract_modes(self, graph, k, state, g, w):
+        """``sum_c xy_to_dw(u_c, sum_m g * (C_c W^{-1} ef))`` in one call of the rule, the
+        traces ``u_c`` and cotangents stacked along a new leading axis; the operands
+        whose gradient does not involve ``x`` (a bias) from ``sum_m g * ef``."""
+        op, pairs, ef = graph.ops[k], self._plan(graph).pairs[k], state['f'][k]
+        rule = op.primitive.rule('xy_to_dw')
+        dtype = ef.dtype
+        z = jnp.stack([state['norm'][s] for s, _ in pairs]).astype(dtype)
+        C = jnp.asarray(np.stack([c for _, c in pairs]), dtype)
+        # W = sum_c C_c z_c, the output trace of a constant input; M_c = C_c W^{-1}
+        M = jnp.einsum('kab,bc->kac', C, jnp.linalg.inv(jnp.einsum('k,kab->ab', z, C)))
+        cotangents = jnp.einsum('...a,kab,...b->k...', g, M, ef)
+        x_traces = jnp.stack([state['x'][s] for s, _ in pairs])
+        dw = jax.tree.map(lambda a: jnp.sum(a, axis=0),
+                          jax.vmap(lambda x, c: rule(x, c, w, **op.params))(x_traces, cotangents))
+        free = self._input_free_slots(op)
+        if free:
+            whole = rule(x_traces[0], jnp.sum(g * ef, axis=-1), w, **op.params)
+            dw = {slot: whole[slot] if slot in free else v for slot, v in dw.items()}
+        return dw
 
     def _boundary(self, graph, state, g_hidden, weights):
-        # a window may start before the first step, where the norm is 0 like the input
-        # trace; any norm >= 1 then gives the right x_hat = 0 (later norms are >= 1)
-        ops = dict(state['ops'], norm=[jnp.maximum(z, 1.0) for z in state['ops']['norm']])
+        # A window may start before the first step, where every norm is 0 like the input
+        # traces: the norms after one step (1 for a trace that reads x, else 0) then give
+        # W = I and the right x_hat = 0. A real decay's norm is >= 1 from the first step
+        # on, and the real part of a pair is 0 there only together with its imaginary
+        # part; the other norms are 0 after one step too.
+        plan = self._plan(graph)
+        norms = list(state['ops']['norm'])
+        for s, (_, filt) in enumerate(plan.filters):
+            if filt.part == '' and filt.order == 0:
+                norms[s] = jnp.maximum(norms[s], 1.0)
+            elif filt.part == 're' and filt.order == 0:
+                partner = next(r for c, r in plan.reads[s] if r != s)
+                fresh = (norms[s] == 0) & (norms[partner] == 0)
+                norms[s] = jnp.where(fresh, jnp.ones_like(norms[s]), norms[s])
+        ops = dict(state['ops'], norm=norms)
         return super()._boundary(graph, dict(state, ops=ops), g_hidden, weights)
 
     # ------------------------------------------------------------------ report
     def _trace_method(self, graph, k, slot):
+        plan = self._plan(graph)
+        if k in plan.exact:
+            return DRTRL_TRACE
         if slot in self._input_free_slots(graph.ops[k]):
             return ES_OUTPUT_TRACE
-        return es_factorised_trace(self.decays(graph)[k], given=self.decay is not None)
+        return es_factorised_trace([mode.describe() for mode in plan.modes[k]],
+                                   given=plan.given)
 
     def _op_trace_bytes(self, graph, op_state):
-        slots, _ = self._input_slots(graph)
+        plan = self._plan(graph)
         nbytes = lambda a: math.prod(a.shape) * a.dtype.itemsize
-        sharing = {s: sum(1 for v in slots.values() if v == s) for s in set(slots.values())}
-        # the output trace serves every operand of an op; it is counted with the first
-        return {k: {next(iter(graph.ops[k].weight_slots)):
-                    nbytes(op_state['f'][k]) + nbytes(op_state['x'][s]) // sharing[s]}
-                for k, s in slots.items()}
+        readers = {}
+        for k, listed in plan.pairs.items():
+            for s, _ in listed:
+                readers.setdefault(s, set()).add(k)
+        # the output trace serves every operand of an op; it is counted with the first,
+        # an input trace shared by several ops in equal parts
+        out = {k: {next(iter(graph.ops[k].weight_slots)):
+                   nbytes(op_state['f'][k]) + sum(nbytes(op_state['x'][s]) // len(readers[s])
+                                                  for s in {s for s, _ in listed})}
+               for k, listed in plan.pairs.items()}
+        out.update({k: exact_trace_bytes(op_state['exact'][k]) for k in plan.exact})
+        return out
 
     @staticmethod
     def _input_free_slots(op):
@@ -197,3 +337,17 @@ class ES_D_RTRL(OnlineLearner):
             jnp.zeros(op.x_aval.shape, op.x_aval.dtype))
         return [n for n, v in zip(sorted(weights), jaxpr.jaxpr.outvars)   # dicts flatten sorted
                 if not depends_on(jaxpr.jaxpr, v, set(jaxpr.jaxpr.invars))]
+
+
+def _filtered(plan: _Plan, old: list, inputs: list) -> list:
+    """Every input trace (or norm) advanced by one step: ``sum_c coefficient * old[c]``
+    over what it reads, plus its input where it takes one (``decay * old + x`` for a
+    trace of one real decay)."""
+    new = []
+    for s, (_, filt) in enumerate(plan.filters):
+        terms = [c * old[r] for c, r in plan.reads[s]]
+        value = terms[0]
+        for term in terms[1:]:
+            value = value + term
+        new.append(value + inputs[s] if filt.takes_input else value)
+    return new

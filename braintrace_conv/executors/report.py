@@ -37,10 +37,14 @@ DRTRL_TRACE = 'exact trace (D-RTRL)'
 ES_OUTPUT_TRACE = 'exact trace (ES-D-RTRL output trace; does not involve x)'
 
 
-def es_factorised_trace(decay: float, given: bool) -> str:
-    """ES-D-RTRL's input trace (x) output trace of an op's operand, with its decay."""
+def es_factorised_trace(decays: list, given: bool) -> str:
+    """ES-D-RTRL's input traces (x) output trace of an op's operand, with its decays (as
+    texts: ``'0.9512'``, ``'0.9±0.1i'``, ...), one input trace per decay."""
     how = 'given' if given else 'inferred from the model'
-    return f'approximate trace (ES-D-RTRL, decay {decay:.4g}, {how})'
+    if len(decays) == 1:
+        return f'approximate trace (ES-D-RTRL, decay {decays[0]}, {how})'
+    return (f'approximate trace (ES-D-RTRL, decays {" / ".join(decays)}, one input trace '
+            f'each, {how})')
 
 
 @dataclasses.dataclass
@@ -61,8 +65,9 @@ class Report:
       exact for the layer the parameter acts in, but the loss also depends on
       the parameter through the dynamics of other layers (or of recurrent
       synapses onto its own layer), and those paths through time are cut;
-    * ``approximate trace`` — ES-D-RTRL's factorised kernel trace (exact only
-      on a linear leaky layer whose decay equals the one shown);
+    * ``approximate trace`` — ES-D-RTRL's factorised kernel trace, with the decays of
+      its input traces (exact on a layer whose state and input Jacobians are constant
+      in time, when the decays shown are its own);
     * ``truncated BPTT`` — BPTT driven by ``advance()`` (a stream): exact within each
       chunk, the gradient cut at chunk boundaries although the state carries across them;
     * ``exact (instantaneous ...)`` — the parameter acts within one step only;
@@ -160,7 +165,10 @@ def _op_methods(learner, graph, state_shapes, methods, bytes_of):
                 method = learner._trace_method(graph, k, slot)
                 grp = graph.groups[op.group]
                 if grp.feeds and method.startswith('exact'):
-                    method = (f'exact within its layer, truncated across layers '
+                    # a trace other than the learner's own (ES-D-RTRL's exact= ops) is named
+                    kind = ' (D-RTRL trace)' if (method == DRTRL_TRACE and
+                                                 learner.algorithm != 'D-RTRL') else ''
+                    method = (f'exact within its layer{kind}, truncated across layers '
                               f'({_across(grp, op.group)})')
                 elif grp.feeds:
                     method = f'{method}; truncated across layers ({_across(grp, op.group)})'
