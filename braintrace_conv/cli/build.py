@@ -11,7 +11,6 @@ import optax
 
 from .. import BPTT, D_RTRL, ES_D_RTRL
 from .._npy_files import available_memory
-from .._validation import ArgumentError
 from ..data import (EventDataset, cue_accumulation, delayed_bars, delayed_match_to_sample,
                     digits_saccades, moving_bars, stream_directory, synthetic_shd)
 from ..models import recurrent_conv_snn
@@ -100,20 +99,32 @@ def _long_memory(run, usage: str) -> EventDataset:
 
 
 def _learner(run, model):
-    """The executor of ``--algorithm``; ES-D-RTRL's decay is ``--decay``, else the
-    membrane's, which ``--tau`` sets."""
+    """The executor of ``--algorithm``; ES-D-RTRL's decay is ``--decay`` if given, else each
+    layer's inferred from its neurons, with exact traces where ``--exact`` and
+    ``--exact-budget`` say."""
     if run.algorithm == 'bptt':
         return BPTT(model)
     if run.algorithm == 'd-rtrl':
         return D_RTRL(model, window=run.window)
-    if run.decay is not None:
-        return ES_D_RTRL(model, run.decay, window=run.window)
-    decay = model.membrane_decay()
-    if not decay > 0:   # exp(-dt/tau) underflows: the refusal names the option given
-        raise ArgumentError('tau', run.tau, 'be large enough that the trace decay exp(-dt/tau) '
-                            'per step of dt = 1 ms is positive', 'give a larger {tau} or a '
-                            '{decay}', refs=('tau', 'decay'))
-    return ES_D_RTRL(model, decay, window=run.window)
+    budget = getattr(run, 'exact_budget', None)
+    return ES_D_RTRL(model, run.decay, exact=getattr(run, 'exact', None),
+                     exact_budget=None if budget is None else int(budget * 2**20),
+                     window=run.window)
+
+
+def trace_choice(learner) -> str:
+    """How an ES-D-RTRL learner traces its layers, for a run's first line (``''`` for the
+    other executors): `` (decay 0.9512)``, `` (decays inferred per layer; exact traces for
+    blocks.1)``."""
+    if not isinstance(learner, ES_D_RTRL):
+        return ''
+    parts = [f'decay {learner.decay:.4f}' if learner.decay is not None
+             else 'decays inferred per layer']
+    if learner.exact:
+        parts.append(f'exact traces for {", ".join(learner.exact)}')
+    if learner.exact_budget is not None:
+        parts.append(f'exact traces within {learner.exact_budget / 2**20:g} MiB')
+    return f' ({"; ".join(parts)})'
 
 
 def _optimizer(run, train_samples: int):

@@ -281,7 +281,19 @@ TRAIN_OPTIONS = (
                 'ms, instead of LIF neurons (default: LIF; 2000 for the long-memory tasks)'),
     Option('decay', type=float,
            requires=(Requires('algorithm', ('es-d-rtrl',), word='to'),),
-           help='ES-D-RTRL trace decay (default exp(-dt/tau), dt = 1 ms)'),
+           help='ES-D-RTRL: one input-trace decay for every layer (default: each layer gets '
+                'the decays of its neurons, inferred from the model: exp(-dt/tau) for LIF, '
+                'also exp(-dt/tau_adapt) for the adaptive neurons of --tau-adapt)'),
+    Option('exact', nargs='+', metavar='PATH', stored='when given',
+           requires=(Requires('algorithm', ('es-d-rtrl',), word='to'),),
+           help="es-d-rtrl: D-RTRL's exact traces for the layers of these parameters, named as "
+                "the report prints them (e.g. blocks.1.rec.weight) or by a module above them "
+                "(blocks.1); ES-D-RTRL's traces for the others"),
+    Option('exact_budget', type=float, metavar='MIB', stored='when given',
+           check=_non_negative_number,
+           requires=(Requires('algorithm', ('es-d-rtrl',), word='to'),),
+           help="es-d-rtrl: D-RTRL's exact traces also for further layers, smallest trace "
+                "first, while all exact traces together take at most MIB MiB"),
     Option('update_every', type=int, metavar='STEPS', check=positive,
            help='truly online: optimiser step every STEPS time steps (default: once per batch '
                 'of sequences)'),
@@ -404,7 +416,10 @@ STREAM_OPTIONS = (
                          'the chunk boundaries)'),
     _shared('window', 'd-rtrl / es-d-rtrl: exact BPTT inside windows of STEPS steps, at most '
                       '--update-every, eligibility traces across them (default: traces only)'),
-    _shared('decay', 'es-d-rtrl: trace decay per step (default exp(-1/tau), the membrane\'s)'),
+    _shared('decay', 'es-d-rtrl: one input-trace decay per step for every layer (default: '
+                     'each layer gets the decays of its neurons, inferred from the model)'),
+    _shared('exact'),
+    _shared('exact_budget'),
     _shared('channels', 'channels of the spiking blocks, e.g. 8,16 (default 8,16)'),
     _shared('kernel_size', 'kernel extent along both spatial axes (default 3)'),
     _shared('pool', 'average the spikes of each block over windows of P x P pixels; 1: none '

@@ -24,13 +24,12 @@ from pathlib import Path
 
 import brainstate
 
-from .. import ES_D_RTRL
 from .._memory import peak_rss_mib
 from ..data import EventReader, EventStream, Recording, read_segments
 from ..models import recurrent_conv_snn
 from ..training import Trainer, checkpoint, logs, run_dir
 from ..training.stream_state import StreamRun, lagging, run_differences
-from .build import _learner, optimizer
+from .build import _learner, optimizer, trace_choice
 from .options import STREAM_OPTIONS, flag, given, stored_options
 from .parser import PROG, Interrupted, UsageError, usage_error
 from .resolve import check_values, devices, option_list, refuse_without_effect
@@ -268,9 +267,8 @@ def _start_line(run, trainer: Trainer, train: EventStream, held) -> str:
         text += (f'; held-out: {len(run.held_out)} recording(s), {held.num_steps:,} steps '
                  f'({_seconds(held.num_steps, held.dt_us)})')
     text += f'; {learner.algorithm}'
-    if isinstance(learner, ES_D_RTRL):
-        text += f' (decay {learner.decay:.4f})'
-    elif learner.algorithm == 'BPTT':
+    text += trace_choice(learner)
+    if learner.algorithm == 'BPTT':
         text += ' (truncated at chunk boundaries)'
     if getattr(learner, 'window', None):
         text += f', exact within windows of {learner.window} steps'

@@ -7,13 +7,12 @@ import os
 import time
 import warnings
 
-from .. import ES_D_RTRL
 from .._memory import peak_rss_mib
 from .._validation import ArgumentError
 from ..training import Trainer, checkpoint, run_dir
 from ..training._fit import hold
 from ..training.state import run_differences
-from .build import setup
+from .build import setup, trace_choice
 from .options import spell
 from .parser import PROG, Interrupted, RunError, UsageError, usage_error
 from .resolve import option_list, resolve, run_config
@@ -208,7 +207,7 @@ def _start_line(run, trainer: Trainer, train_set, test_set) -> str:
     learner = trainer.learner
     return (f'{run.task}: {len(train_set)} train / {len(test_set)} test samples, '
             f'T={train_set.num_steps}, frames {train_set.frame_shape}; {learner.algorithm}'
-            + (f' (decay {learner.decay:.4f})' if isinstance(learner, ES_D_RTRL) else '')
+            + trace_choice(learner)
             + (f', exact within windows of {learner.window} steps'
                if getattr(learner, 'window', None) else '')
             + f'; {run.devices} device(s); run directory {run.out}')

@@ -64,6 +64,9 @@ ARGUMENTS = [  # the rules of the command line itself
     (['train', '--stream'], '--stream applies only to --task events'),
     (['train', '--cache-size', '0'], '--cache-size applies only to --task events'),
     (['train', '--verify-data'], '--verify-data applies only to --task events'),
+    (['train', '--exact-budget', '-1'], '--exact-budget must be a non-negative number, got -1.0'),
+    (['train', '--algorithm', 'd-rtrl', '--exact', 'blocks.1'],
+     '--exact applies only to --algorithm es-d-rtrl'),
 ]
 
 LIBRARY_RULES = [  # rules the library checks: its refusal names the option
@@ -87,9 +90,9 @@ LIBRARY_RULES = [  # rules the library checks: its refusal names the option
      '--delay must be a positive integer, got 0'),
     ([*TRAIN, '--task', 'delayed-bars', '--cues', '2', '--delay', '1', '--tau', '0'],
      '--tau must be a positive number, got 0.0'),
-    ([*TRAIN, '--tau', '1e-30'],        # ES-D-RTRL's decay comes from it: exp(-1/1e-30) = 0
-     r'--tau must be large enough that the trace decay exp\(-dt/tau\) per step of dt = 1 ms '
-     r'is positive, got 1e-30; give a larger --tau or a --decay\.$'),
+    ([*TRAIN, '--exact', 'blocks.7'],
+     r"--exact must name a parameter of an op whose output drives neurons, or a module above "
+     r"one: one of \['blocks.0.ff.bias', .*'fc.weight'\], got 'blocks.7'\.$"),
     ([*TRAIN, '--batch-size', '40'],
      r'--batch-size must be at most the number of training samples \(32\), got 40'),
     (['train', '--task', 'digits', '--samples', '5000'],
