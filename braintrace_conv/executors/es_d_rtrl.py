@@ -263,23 +263,23 @@ class ES_D_RTRL(OnlineLearner):
         return self._contract_modes(graph, k, state, g, w)
 
     def _contract_modes(self, graph, k, state, g, w):
-        """``sum_c xy_to_dw(u_c, sum_m g * (C_c W^{-1} ef))`` in one call of the rule, the
-        traces ``u_c`` and cotangents stacked along a new leading axis; the operands
-        whose gradient does not involve ``x`` (a bias) from ``sum_m g * ef``."""
+        """``sum_c xy_to_dw(u_c, sum_m g * (C_c W^{-1} ef))`` over the op's input traces
+        ``u_c``; the operands whose gradient does not involve ``x`` (a bias) from
+        ``sum_m g * ef``, exactly. One call of the rule per trace: on the CPU the calls
+        cost less than one call on the traces stacked along the batch axis, and a third
+        of one under ``jax.vmap`` (``docs/benchmarks.md``)."""
         op, pairs, ef = graph.ops[k], self._plan(graph).pairs[k], state['f'][k]
-        rule = op.primitive.rule('xy_to_dw')
-        dtype = ef.dtype
-        z = jnp.stack([state['norm'][s] for s, _ in pairs]).astype(dtype)
-        C = jnp.asarray(np.stack([c for _, c in pairs]), dtype)
+        rule = lambda x, cotangent: op.primitive.rule('xy_to_dw')(x, cotangent, w, **op.params)
+        z = jnp.stack([state['norm'][s] for s, _ in pairs]).astype(ef.dtype)
+        C = jnp.asarray(np.stack([c for _, c in pairs]), ef.dtype)
         # W = sum_c C_c z_c, the output trace of a constant input; M_c = C_c W^{-1}
         M = jnp.einsum('kab,bc->kac', C, jnp.linalg.inv(jnp.einsum('k,kab->ab', z, C)))
         cotangents = jnp.einsum('...a,kab,...b->k...', g, M, ef)
-        x_traces = jnp.stack([state['x'][s] for s, _ in pairs])
-        dw = jax.tree.map(lambda a: jnp.sum(a, axis=0),
-                          jax.vmap(lambda x, c: rule(x, c, w, **op.params))(x_traces, cotangents))
+        dw = jax.tree.map(lambda *terms: sum(terms[1:], terms[0]),
+                          *[rule(state['x'][s], cotangents[c]) for c, (s, _) in enumerate(pairs)])
         free = self._input_free_slots(op)
-        if free:
-            whole = rule(x_traces[0], jnp.sum(g * ef, axis=-1), w, **op.params)
+        if free:    # its x-dependent operands are not used, and not computed
+            whole = rule(state['x'][pairs[0][0]], jnp.sum(g * ef, axis=-1))
             dw = {slot: whole[slot] if slot in free else v for slot, v in dw.items()}
         return dw
 
