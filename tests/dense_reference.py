@@ -28,6 +28,14 @@ D-RTRL: ``S^t = M^t S^{t-1} + P^t`` and ``grad = sum_t w^t + c^t S^{t-1}``.
 ES-D-RTRL: the same, except for the weight operands of ops that feed a group, whose
 gradient is ``sum_t vjp_W op_k(ex_k^t / Z_k^t)(q_k^t)`` with ``q^t = w_beta^t +
 c^t S_beta^{t-1}``, ``ex^t = alpha ex^{t-1} + x^t`` and ``Z^t = alpha Z^{t-1} + 1``.
+Multi-decay ES-D-RTRL (:func:`es_multi_decay`) works on each group's *state cut* ``z``,
+found here by brute force (:func:`state_cut`): ``ef^t = dz^t/dz^{t-1} ef^{t-1} + dz^t/dy^t``
+and ``g^t = dL^t/dz^t`` holding the other cut values. With ``Dbar`` the group's mean
+``m x m`` block of ``dz/dz_prev`` two steps from the initial state with zero input and
+custom derivatives held, and ``W^t = sum_{n=0..t} Dbar^n``, the factorised operands get
+``sum_t sum_{r<=t} vjp_W op_k(x^r)(g^t . Dbar^{t-r} (W^t)^{-1} ef^t)``: the exact trace of
+a layer whose Jacobians stay ``Dbar`` and ``ef^t = W^t d``, written with matrix powers
+over the whole input history, not with the executor's filters.
 Windows of ``k`` steps: per block from ``t0``, the block's loss differentiated exactly
 at fixed ``H^{t0}``, plus ``dL_block/dH^{t0}`` contracted with the trace at ``t0``
 (``S^{t0}``, or for ES's factorised operands ``vjp_W op_k(ex^{t0}/Z^{t0})(hbar
@@ -36,6 +44,7 @@ S_beta^{t0})``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import brainstate
 import jax
@@ -133,19 +142,29 @@ class DenseStep:
     def param_leaves(self):
         return [l for st in self.param_states for l in jax.tree.leaves(st.value)]
 
-    def run(self, h, p, x, *, W=None, y_fixed=None, x_fixed=None, dy=None):
+    def run(self, h, p, x, *, W=None, y_fixed=None, x_fixed=None, dy=None, override=None,
+            hold_custom=False, watch=()):
         """``(new hidden leaves, outputs, record)``; ``W`` replaces op weight operands,
-        ``y_fixed`` op outputs, ``x_fixed`` op inputs, ``dy`` is added to op outputs;
-        ``record`` holds each op's ``x``, ``y`` and weight operands."""
+        ``y_fixed`` op outputs, ``x_fixed`` op inputs, ``dy`` is added to op outputs,
+        ``override`` (``{jaxpr var: value}``) replaces values where they are computed,
+        ``hold_custom`` holds the outputs of functions with a custom derivative constant;
+        ``record`` holds each op's ``x``, ``y`` and weight operands, and the values of the
+        variables in ``watch``."""
         jaxpr = self.closed.jaxpr
+        override = override or {}
         env = dict(zip(jaxpr.constvars, self.closed.consts))
         env.update(zip(jaxpr.invars, [*h, *p, *x]))
+        env.update({v: val for v, val in override.items() if v in env})
         read = lambda v: v.val if isinstance(v, jax.extend.core.Literal) else env[v]
         op_at = {op.eqn: k for k, op in enumerate(self.ops)}
         rec = dict(x={}, y={}, W={})
         for i, eqn in enumerate(jaxpr.eqns):
             invals = [read(v) for v in eqn.invars]
             k = op_at.get(i)
+            if hold_custom and eqn.primitive.name.startswith(('custom_jvp', 'custom_vjp')):
+                outs = [lax.stop_gradient(o) for o in _bind(eqn, invals)]
+                env.update({v: override.get(v, o) for v, o in zip(eqn.outvars, outs)})
+                continue
             if k is not None:
                 op = self.ops[k]
                 if W is not None:
@@ -162,8 +181,9 @@ class DenseStep:
                 if dy is not None and k in dy:
                     outs = [outs[0] + dy[k]]
                 rec['y'][k] = outs[0]
-            env.update(zip(eqn.outvars, outs))
+            env.update({v: override.get(v, o) for v, o in zip(eqn.outvars, outs)})
         res = [read(v) for v in jaxpr.outvars]
+        rec['watch'] = [read(v) for v in watch]
         return res[:self.n_h], res[self.n_h:], rec
 
     def apply_op(self, k, x, W):
@@ -223,6 +243,7 @@ class Jacobians:
     p: list             # parameter leaves
     traj: list          # per step: (hidden leaves, packed, inputs, target, record)
     loss_fn: object
+    feeds: np.ndarray   # (ops, hidden leaves): op k's output reaches leaf j within a step
 
 
 def dense_jacobians(step: DenseStep, loss_fn, xs, targets) -> Jacobians:
@@ -319,7 +340,7 @@ def dense_jacobians(step: DenseStep, loss_fn, xs, targets) -> Jacobians:
     as_np = lambda seq: [np.asarray(a) for a in seq]
     beta = {k: slice(y_off[k], y_off[k] + int(np.prod(y_shapes[k]))) for k in ops}
     return Jacobians(as_np(M), as_np(P), as_np(Pb), as_np(w), as_np(wb), c, op_x, W0, grouped,
-                     beta, groups, theta, wp, unW, p, traj, loss_fn)
+                     beta, groups, theta, wp, unW, p, traj, loss_fn, feeds)
 
 
 def _components(adj, nodes):
@@ -477,3 +498,184 @@ def _block_gradient(step, jac, t0, t1):
     gH, gt, gW = jax.jit(jax.grad(block_loss, argnums=(0, 1, 2)))(
         Hv, jac.theta.pack(jac.p), Wv, xs, targets)
     return np.concatenate([np.asarray(gt), np.asarray(gW)]), np.asarray(gH)
+
+
+# ----------------------------------------------------------------------------- multi-decay ES
+def _forward_edges(step: DenseStep) -> dict:
+    """``{var: vars computed from it by one equation}``, ops excluded (their outputs are
+    sources of their own: paths through an op are cut)."""
+    jaxpr = step.closed.jaxpr
+    op_eqns = {op.eqn for op in step.ops}
+    edges = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        if i in op_eqns:
+            continue
+        for v in eqn.invars:
+            if not isinstance(v, jax.extend.core.Literal):
+                edges.setdefault(v, []).extend(eqn.outvars)
+    return edges
+
+
+def _reach(edges, sources, blocked) -> set:
+    seen = {v for v in sources if v not in blocked}
+    stack = list(seen)
+    while stack:
+        for b in edges.get(stack.pop(), ()):
+            if b not in blocked and b not in seen:
+                seen.add(b)
+                stack.append(b)
+    return seen
+
+
+def state_cut(step: DenseStep, jac: Jacobians, group: list) -> list:
+    """The step's values at which the state of ``group`` (hidden leaf indices) is cut, by
+    brute force over sets of values with one entry per neuron: a smallest set through
+    which every path from the group's old states and its ops' outputs to anything else
+    passes (new states, step outputs, op inputs), the one nearest the new states (the
+    most values on the old states' side). An op input computed from the group's old
+    states alone and read only by ops feeding the group is a recurrent synapse's, given."""
+    jaxpr = step.closed.jaxpr
+    size = int(np.prod(jaxpr.invars[group[0]].aval.shape))
+    old = [jaxpr.invars[leaf] for leaf in group]
+    feeding = [k for k in range(len(step.ops)) if jac.feeds[k, group].any()]
+    ys = [jaxpr.eqns[step.ops[k].eqn].outvars[0] for k in feeding]
+    edges = _forward_edges(step)
+    region, from_y = _reach(edges, old + ys, set()), _reach(edges, ys, set())
+    x_var = lambda op: jaxpr.eqns[op.eqn].invars[op.x_slot]
+    sinks = {v for v in jaxpr.outvars if not isinstance(v, jax.extend.core.Literal)} & region
+    for op in step.ops:
+        readers = [k for k, other in enumerate(step.ops) if x_var(other) is x_var(op)]
+        if x_var(op) in region and (x_var(op) in from_y or set(readers) - set(feeding)):
+            sinks.add(x_var(op))
+    order = {v: n for n, v in enumerate(jaxpr.invars)}
+    order.update({v: len(order) + n for n, e in enumerate(jaxpr.eqns) for v in e.outvars})
+    candidates = sorted((v for v in region if int(np.prod(v.aval.shape)) == size),
+                        key=order.get)
+    for count in range(1, len(group) + 3):
+        best = None
+        for combo in itertools.combinations(candidates, count):
+            side = _reach(edges, old + ys, set(combo))
+            if not side & sinks and (best is None or len(side) > best[0]):
+                best = (len(side), list(combo))
+        if best is not None:
+            return best[1]
+    raise ValueError(f'no state cut found for hidden leaves {group}')
+
+
+@dataclasses.dataclass
+class CutJacobians:
+    """Per step, on the cut values of every group flattened into ``Z``: ``A = dZ^t/dH^{t-1}``
+    and ``Df = dZ^t/dy^t`` (op outputs held), ``R = dH^t/dZ^t`` (the cut values replaced
+    where computed), ``g = dL^t/dZ^t`` (every path of the step, with the group's own cut
+    values replaced where computed, so that each holds the others fixed); ``index[a]``
+    (``(m, neurons)``) the positions of group ``a``'s cut values in ``Z``; ``D_rest`` the
+    ``dZ/dZ_prev`` of the second step from the initial state with zero input and custom
+    derivatives held."""
+    A: list
+    Df: list
+    R: list
+    g: list
+    index: list
+    D_rest: np.ndarray
+
+
+def cut_jacobians(step: DenseStep, jac: Jacobians) -> CutJacobians:
+    cuts = [state_cut(step, jac, grp) for grp in jac.groups]
+    flat = [v for cut in cuts for v in cut]
+    sizes = [int(np.prod(v.aval.shape)) for v in flat]
+    offsets = np.cumsum([0] + sizes)
+    index, n = [], 0
+    for cut in cuts:
+        index.append(np.stack([offsets[n + j] + np.arange(sizes[n + j]) for j in range(len(cut))]))
+        n += len(cut)
+    pack = lambda values: jnp.concatenate([jnp.ravel(a) for a in values])
+    unpack = lambda vec: {v: vec[offsets[j]:offsets[j + 1]].reshape(v.aval.shape)
+                          for j, v in enumerate(flat)}
+    h0, _, x0, _, rec0 = jac.traj[0]
+    hp = Packing(h0)
+    ops = range(len(step.ops))
+    y_shapes = {k: rec0['y'][k].shape for k in ops}
+    un_dy = lambda vec: {k: vec[jac.beta[k]].reshape(y_shapes[k]) for k in ops}
+    n_y = max(jac.beta[k].stop for k in ops)
+
+    def z_of(Hv, dyv, hh, x, y, hold):
+        return pack(step.run(hp.unpack(Hv, hh), jac.p, x, y_fixed=y, dy=un_dy(dyv),
+                             hold_custom=hold, watch=flat)[2]['watch'])
+
+    def h_of(Zv, hh, x, y, hold):
+        return hp.pack(step.run(hh, jac.p, x, y_fixed=y, override=unpack(Zv),
+                                hold_custom=hold)[0])
+
+    def loss_of(Zv, hh, x, target, group):
+        held = {v: val for v, val in unpack(Zv).items() if v in cuts[group]}
+        _, out, _ = step.run(hh, jac.p, x, override=held)
+        return jac.loss_fn(jax.tree.unflatten(step.out_tree, out), target)
+
+    jac_A = jax.jit(jax.jacrev(z_of, 0), static_argnums=5)
+    jac_Df = jax.jit(jax.jacrev(z_of, 1), static_argnums=5)
+    jac_R = jax.jit(jax.jacrev(h_of), static_argnums=4)
+    grad_g = jax.jit(jax.grad(loss_of), static_argnums=4)
+    values = jax.jit(lambda hh, x: step.run(hh, jac.p, x, watch=flat)[2]['watch'])
+    dy0 = jnp.zeros(n_y)
+    A, Df, R, g = [], [], [], []
+    for hh, Hv, x, target, rec in jac.traj:
+        Z = pack(values(hh, x))
+        A.append(np.asarray(jac_A(Hv, dy0, hh, x, rec['y'], False)))
+        Df.append(np.asarray(jac_Df(Hv, dy0, hh, x, rec['y'], False)))
+        R.append(np.asarray(jac_R(Z, hh, x, rec['y'], False)))
+        # each group's learning signal holds its own other cut values, not other groups'
+        g.append(sum(np.asarray(grad_g(Z, hh, x, target, a)) for a in range(len(cuts))))
+    zero_x = [jnp.zeros_like(a) for a in x0]
+    first, _, at0 = step.run(h0, jac.p, zero_x, watch=flat)
+    _, _, at1 = step.run(first, jac.p, zero_x)
+    R0 = jac_R(pack(at0['watch']), h0, zero_x, at0['y'], True)
+    A1 = jac_A(hp.pack(first), dy0, first, zero_x, at1['y'], True)
+    return CutJacobians(A, Df, R, g, index, np.asarray(A1 @ R0))
+
+
+def es_multi_decay(step: DenseStep, jac: Jacobians, *, untraced=frozenset(), window=None):
+    """Multi-decay ES-D-RTRL's gradient (module docstring), decays inferred from the model;
+    ``untraced``: parameter leaves with no trace."""
+    cj = cut_jacobians(step, jac)
+    T = len(jac.M)
+    before = _traces(jac, untraced)
+    fact = _factorised_columns(jac, step)
+    ef, EF = np.zeros_like(cj.Df[0]), []
+    for t in range(T):
+        D = cj.A[t] @ cj.R[t - 1] if t > 0 else np.zeros((len(cj.A[t]),) * 2)
+        ef = D @ ef + cj.Df[t]
+        EF.append(ef)
+    group_of = {k: a for k in jac.grouped for a, grp in enumerate(jac.groups)
+                if jac.feeds[k, grp].any()}
+    mean = [np.array([[np.mean(cj.D_rest[idx[i], idx[j]]) for j in range(len(idx))]
+                      for i in range(len(idx))]) for idx in cj.index]
+
+    def factorised(cot, t):
+        """``sum_k sum_{r<=t} vjp_W op_k(x^r)(cot . Dbar^{t-r} (W^t)^{-1} ef^t)`` with ``cot``
+        a cotangent on ``Z``."""
+        out = 0.0
+        for k in jac.grouped:
+            idx, Dbar = cj.index[group_of[k]], mean[group_of[k]]
+            neurons = np.arange(idx.shape[1])
+            assert EF[t][:, jac.beta[k]].shape[1] == idx.shape[1], 'op output is not one per neuron'
+            ef_k = EF[t][:, jac.beta[k]][idx, neurons[None, :]]         # (m, neurons)
+            powers = [np.linalg.matrix_power(Dbar, n) for n in range(t + 1)]
+            W_inv = np.linalg.inv(sum(powers))
+            for r in range(t + 1):
+                q = np.einsum('an,ab,bn->n', cot[idx], powers[t - r] @ W_inv, ef_k)
+                out = out + _factorised(step, jac, k, jac.op_x[r][k], q)
+        return out
+
+    total = np.zeros(jac.P[0].shape[1])
+    if window is None:
+        for t in range(T):
+            S, _ = before[t]
+            total += np.where(fact, 0.0, jac.w[t] + jac.c[t] @ S) + factorised(cj.g[t], t)
+    else:
+        for t0 in range(0, T, window):
+            g_block, hbar = _block_gradient(step, jac, t0, min(t0 + window, T))
+            total += g_block + np.where(fact, 0.0, hbar @ before[t0][0])
+            if t0 > 0:
+                total += factorised(cj.R[t0 - 1].T @ hbar, t0 - 1)
+    n_theta = jac.theta.size
+    return _grads_tree(step, jac, total[:n_theta], total[n_theta:])

@@ -16,7 +16,7 @@ import braintrace_conv as bc
 from braintrace_conv import nn
 from braintrace_conv.executors._analysis.graph import analyse
 from braintrace_conv.executors._analysis.step import capture_step
-from braintrace_conv.models import recurrent_conv_snn
+from braintrace_conv.models import ConvLIF, recurrent_conv_snn
 from snn_reference import EXACT, rel_err, spike, spike_vjp, xent
 
 
@@ -480,10 +480,30 @@ class UserConvNet(brainstate.nn.Module):
         return self.readout(s.reshape(s.shape[0], -1))
 
 
-def ours(pool=1):
+def ours(pool=1, tau_adapt=None):
+    """This library's recurrent net, small: LIF neurons, or adaptive ones (ALIF, ``tau =
+    5``) with ``tau_adapt``."""
     brainstate.random.seed(1)
-    return recurrent_conv_snn((2, 6, 6), 3, channels=(3, 4), recurrent=True,
-                                        readout='li', pool=pool)
+    if tau_adapt is None:
+        return recurrent_conv_snn((2, 6, 6), 3, channels=(3, 4), recurrent=True,
+                                  readout='li', pool=pool)
+    return recurrent_conv_snn((2, 6, 6), 3, channels=(3, 4), recurrent=True, readout='li',
+                              pool=pool, tau=5.0, tau_adapt=tau_adapt)
+
+
+class NeuronLayer(brainstate.nn.Module):
+    """One conv block of this library (``ConvLIF``) with the neuron ``neuron(size)``, and a
+    dense readout; inputs ``(B, 2, 6, 6)``, three classes."""
+
+    def __init__(self, neuron, seed=3):
+        super().__init__()
+        brainstate.random.seed(seed)
+        self.block = ConvLIF((2, 6, 6), 4, 3, stride=1, neuron=neuron)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(4 * 6 * 6, 3)
+
+    def update(self, x):
+        return self.fc(self.flatten(self.block(3.0 * x)))
 
 
 # ----------------------------------------------------------------------------- closed-form steps

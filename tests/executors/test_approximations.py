@@ -5,8 +5,13 @@ neurons and layers) and executor (D-RTRL, ES-D-RTRL, each with and without a win
 the gradient of every parameter equals a brute-force reference of the documented
 approximation built from dense Jacobians (``dense_reference``, float64) to round-off;
 a parameter labelled exact also equals BPTT; no gradient is all zero where BPTT's is
-not; and every report row finds its gradient by the path it prints.
+not; and every report row finds its gradient by the path it prints. ES-D-RTRL with its
+decays inferred (one input trace per timescale) is checked the same way on neurons with
+two states: adaptive (ours, the brain ecosystem's, a user's reset-after-spike one) and
+current-based.
 """
+import functools
+
 import brainstate
 import jax
 import jax.numpy as jnp
@@ -18,8 +23,8 @@ import braintrace_conv as bc
 import dense_reference as dense
 from delay_models import DELAY_MODELS, SHDLike
 from snn_reference import EXACT, rel_err, xent
-from user_models import (BrainstateLayers, MixedParameter, OneLayer, Parametric, PoolBetween,
-                         SpikingConvNet, UserConvNet, ours)
+from user_models import (BrainstateLayers, MixedParameter, NeuronLayer, OneLayer, Parametric,
+                         PoolBetween, SpikingConvNet, UserConvNet, ours)
 
 pytestmark = pytest.mark.usefixtures('float64')
 
@@ -42,6 +47,10 @@ USER_MODELS = {
     'recurrent-conv': (lambda: SpikingConvNet(True), (8, 8, 2)),
     'user-recurrent-brainstate': (lambda: UserConvNet(True), (6, 6, 2)),
     'ours-recurrent-pooled': (lambda: ours(pool=2), (2, 6, 6)),
+    # two states per neuron, for multi-decay ES (below)
+    'ours-alif': (lambda: ours(tau_adapt=30.0), (2, 6, 6)),
+    'ours-cubalif': (lambda: NeuronLayer(functools.partial(bc.nn.CubaLIF, tau=5.0,
+                                                           tau_syn=2.0)), (2, 6, 6)),
 }
 EXECUTORS = {'d-rtrl': lambda m, w: bc.D_RTRL(m, window=w),
              'es-d-rtrl': lambda m, w: bc.ES_D_RTRL(m, DECAY, window=w)}
@@ -118,3 +127,77 @@ def test_the_reference_of_a_window_as_long_as_the_sequence_is_bptt():
                 dense.es_drtrl(step, jac, {k: DECAY for k in jac.grouped}, window=T)):
         for r, e in zip(_leaves(ref), _leaves(exact)):
             assert rel_err(r, e) < EXACT
+
+
+# ----------------------------------------------------------------------------- multi-decay ES
+MULTI_DECAY = ('one-layer-alif-reset', 'ours-alif', 'ours-cubalif')
+
+
+def _multi_decay_cases():
+    return [pytest.param(name, window, id=f'{name}-{f"w{window}" if window else "traces"}',
+                         marks=() if (name, window) == ('one-layer-alif-reset', None)
+                         else (pytest.mark.slow,))
+            for name in MULTI_DECAY for window in (None, WINDOW)]
+
+
+def assert_multi_decay_reference(model, xs, labels, exact, step, jac, window):
+    learner = bc.ES_D_RTRL(model, window=window)
+    _, grads = learner.value_and_grad(xent, xs, labels)
+    report = learner.report()
+    methods = [row['method'] for row in report.rows]
+    assert any('decays' in m for m in methods), methods      # two timescales were found
+    untraced = {i for i, m in enumerate(methods) if 'instantaneous only' in m and 'trace' not in m}
+    ref = dense.es_multi_decay(step, jac, untraced=untraced, window=window)
+    for row, g, r, e in zip(report.rows, _leaves(grads), _leaves(ref), _leaves(exact)):
+        where = f"{row['parameter']} ({row['method']})"
+        assert rel_err(g, r) < SAME, f'{where}: {rel_err(g, r):.2e} from its reference'
+        if _exact(row['method']):
+            assert rel_err(g, e) < EXACT, f'{where}: {rel_err(g, e):.2e} from BPTT'
+        assert np.any(g) or not np.any(e), f'{where}: all zero, BPTT is not'
+
+
+@pytest.mark.parametrize('name, window', _multi_decay_cases())
+def test_multi_decay_es_is_its_reference(name, window):
+    model, xs, labels, exact, step, jac = reference(name)
+    assert_multi_decay_reference(model, xs, labels, exact, step, jac, window)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('window', [None, WINDOW])
+def test_multi_decay_es_is_its_reference_on_the_brain_ecosystems_alif(window):
+    bps = pytest.importorskip('brainpy.state')
+    braintools = pytest.importorskip('braintools')
+
+    class ConvALIF(brainstate.nn.Module):
+        def __init__(self):
+            super().__init__()
+            brainstate.random.seed(0)
+            self.conv = brainstate.nn.Conv2d((6, 6, 2), 4, 3, padding='SAME',
+                                             b_init=braintools.init.Constant(0.1))
+            self.neu = bps.ALIF((6, 6, 4), spk_fun=braintools.surrogate.Sigmoid())
+            self.readout = brainstate.nn.Linear(6 * 6 * 4, 3)
+
+        def update(self, x):
+            spikes = self.neu(self.conv(x) * 4.0 * u.mA)
+            return self.readout(spikes.reshape(spikes.shape[0], -1))
+
+    with brainstate.environ.context(dt=1.0 * u.ms):
+        rng = np.random.default_rng(0)
+        xs = jnp.asarray(rng.random((T, BATCH, 6, 6, 2)) < 0.5, jnp.float64)
+        labels = jnp.asarray(rng.integers(0, 3, (T, BATCH)))
+        model = ConvALIF()
+        _, exact = bc.BPTT(model).value_and_grad(xent, xs, labels)
+        brainstate.nn.init_all_states(model, BATCH)
+        step = dense.DenseStep(model, xs[0])
+        jac = dense.dense_jacobians(step, xent, xs, labels)
+        assert_multi_decay_reference(model, xs, labels, exact, step, jac, window)
+
+
+def test_multi_decay_reference_is_the_single_decay_one_on_one_state_neurons():
+    """The reference itself: with one state per neuron its matrix powers are the one decay
+    of the single-decay reference (the membrane's, 0.9, inferred)."""
+    _, _, _, _, step, jac = reference('one-layer-subtract')
+    multi = dense.es_multi_decay(step, jac)
+    single = dense.es_drtrl(step, jac, {k: DECAY for k in jac.grouped})
+    for m, s_ in zip(_leaves(multi), _leaves(single)):
+        assert rel_err(m, s_) < SAME
