@@ -123,7 +123,9 @@ class RecurrentConvSNN(brainstate.nn.Module):
     def membrane_decay(self, dt: Optional[float] = None) -> float:
         """``exp(-dt / tau)``, the per-step membrane decay of the neurons.
 
-        This is the decay to give :class:`~braintrace_conv.ES_D_RTRL`.
+        :class:`~braintrace_conv.ES_D_RTRL` infers it for LIF neurons (with the adaptation's
+        for ALIF ones); ``ES_D_RTRL(model, model.membrane_decay())`` gives every layer this
+        one decay instead.
         ``dt`` (ms) defaults to ``brainstate.environ``'s ``dt``, else
         :data:`~braintrace_conv.nn.DEFAULT_DT`.
         """
