@@ -87,6 +87,24 @@ def test_long_memory_tasks_build_a_dense_adaptive_net_at_their_published_timing(
     assert (run.lr, run.clip_norm) == (1e-3, 1.0)
     neurons = [node for node in trainer.model.nodes().values() if isinstance(node, ALIF)]
     assert len(neurons) == 2 and all(float(n.tau_a) == 2000.0 for n in neurons)
+    # ES-D-RTRL (the default) infers the decays, the adaptation's too: no --decay is passed
+    assert trainer.learner.decay is None
+
+
+@pytest.mark.parametrize('argv, said', [
+    (['--algorithm', 'es-d-rtrl'], ' (decays inferred per layer)'),
+    (['--decay', '0.9'], ' (decay 0.9000)'),
+    (['--exact', 'blocks.1', 'fc', '--exact-budget', '1.5'],
+     ' (decays inferred per layer; exact traces for blocks.1, fc; exact traces within 1.5 MiB)'),
+    (['--algorithm', 'bptt'], ''),
+])
+def test_a_run_says_how_its_layers_are_traced(argv, said):
+    from braintrace_conv.cli.build import _learner, trace_choice
+    from braintrace_conv.cli.parser import build_parser
+    from braintrace_conv.cli.resolve import resolve
+    from braintrace_conv.models import recurrent_conv_snn
+    run = resolve(build_parser().parse_args(['train', *argv]), '')
+    assert trace_choice(_learner(run, recurrent_conv_snn((2, 8, 8), 2, channels=(2, 4)))) == said
 
 
 def test_the_long_memory_tasks_keep_their_published_length(root, capsys):

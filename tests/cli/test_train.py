@@ -67,6 +67,8 @@ REQUIRED = {'test_accuracy', 'train_loss', 'algorithm', 'task', 'wall_time_s', '
     ([], 'ES-D-RTRL'),
     (['--task', 'digits', '--algorithm', 'bptt', '--update-every', '3'], 'BPTT'),
     (['--algorithm', 'd-rtrl', '--window', '3', '--update-every', '3'], 'D-RTRL'),
+    (['--tau-adapt', '50', '--exact', 'blocks.1', '--window', '3', '--update-every', '3'],
+     'ES-D-RTRL'),
 ])
 def test_train_smoke(tmp_path, capsys, extra, algorithm):
     assert main(['train', *TINY, *extra, '--out', str(tmp_path)]) == 0
@@ -82,6 +84,8 @@ def test_train_smoke(tmp_path, capsys, extra, algorithm):
     if '--window' in extra:     # stored with the run, so --resume checks it
         assert metrics['run_config']['window'] == 3
         assert checkpoint.read(tmp_path / LAST_CHECKPOINT)[1]['trainer']['window'] == 3
+    if '--exact' in extra:      # adaptive neurons, exact traces for one block: stored too
+        assert metrics['run_config']['exact'] == ['blocks.1']
 
 
 def test_delayed_bars_run_keeps_its_task_options(tmp_path, capsys):
