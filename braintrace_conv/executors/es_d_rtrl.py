@@ -11,10 +11,10 @@ and one input trace per timescale of those neurons filters the op's input::
 with ``Dbar = sum_j lambda_j P_j`` the spectral decomposition of the group's mean
 ``m x m`` state Jacobian (:mod:`._analysis.spectrum`): a LIF neuron has one decay, its
 membrane's, and this is one weight-gradient convolution per op and step, the work BPTT
-does per step; an adaptive neuron (ALIF) or a current-based one (CubaLIF) has two, and
-the two contractions run as one call. A complex pair of decays takes the real and
-imaginary parts of one complex input trace, a Jordan chain (equal coupled decays) a
-cascade of input traces, and the normalisation is then the matrix ``W^t`` of
+does per step; an adaptive neuron (ALIF) or a current-based one (CubaLIF) has two: two
+input traces and two contractions per op and step. A complex pair of decays takes the
+real and imaginary parts of one complex input trace, a Jordan chain (equal coupled
+decays) a cascade of input traces, and the normalisation is then the matrix ``W^t`` of
 :mod:`._analysis.spectrum` rather than one ``Z_j`` per trace. ``D``, ``Df`` and ``g``
 are those of the group's state cut, so a reset-after-spike neuron costs no more than
 any other. Operands whose weight gradient does not involve ``x`` (a bias) only need
