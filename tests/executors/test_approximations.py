@@ -98,17 +98,16 @@ def _exact(method: str) -> bool:
             and 'approximate' not in method)
 
 
-@pytest.mark.parametrize('name, alg, window', _cases())
-def test_gradients_are_the_approximation_the_report_names(name, alg, window):
-    model, xs, labels, exact, step, jac = reference(name)
-    learner = EXECUTORS[alg](model, window)
+def assert_is_its_reference(learner, xs, labels, exact, reference_of):
+    """Every gradient of ``learner`` equals ``reference_of(untraced)`` (the brute-force
+    reference, given the parameter leaves the report says have no trace), the exact ones
+    BPTT's too, none all zero where BPTT's is not, each found by its row's path; returns
+    the report."""
     _, grads = learner.value_and_grad(xent, xs, labels)
     report = learner.report()
     methods = [row['method'] for row in report.rows]
     untraced = {i for i, m in enumerate(methods) if 'instantaneous only' in m and 'trace' not in m}
-    ref = (dense.drtrl(step, jac, untraced=untraced, window=window) if alg == 'd-rtrl' else
-           dense.es_drtrl(step, jac, {k: DECAY for k in jac.grouped}, untraced=untraced,
-                          window=window))
+    ref = reference_of(untraced)
     for row, g, r, e in zip(report.rows, _leaves(grads), _leaves(ref), _leaves(exact)):
         where = f"{row['parameter']} ({row['method']})"
         assert rel_err(g, r) < SAME, f'{where}: {rel_err(g, r):.2e} from its reference'
@@ -117,6 +116,18 @@ def test_gradients_are_the_approximation_the_report_names(name, alg, window):
         assert np.any(g) or not np.any(e), f'{where}: all zero, BPTT is not'
         found = report.gradient(grads, row['parameter'])
         np.testing.assert_array_equal(np.asarray(u.get_mantissa(found)), g)
+    return report
+
+
+@pytest.mark.parametrize('name, alg, window', _cases())
+def test_gradients_are_the_approximation_the_report_names(name, alg, window):
+    model, xs, labels, exact, step, jac = reference(name)
+    assert_is_its_reference(
+        EXECUTORS[alg](model, window), xs, labels, exact,
+        lambda untraced: (dense.drtrl(step, jac, untraced=untraced, window=window)
+                          if alg == 'd-rtrl' else
+                          dense.es_drtrl(step, jac, {k: DECAY for k in jac.grouped},
+                                         untraced=untraced, window=window)))
 
 
 def test_the_reference_of_a_window_as_long_as_the_sequence_is_bptt():
@@ -141,19 +152,10 @@ def _multi_decay_cases():
 
 
 def assert_multi_decay_reference(model, xs, labels, exact, step, jac, window):
-    learner = bc.ES_D_RTRL(model, window=window)
-    _, grads = learner.value_and_grad(xent, xs, labels)
-    report = learner.report()
-    methods = [row['method'] for row in report.rows]
-    assert any('decays' in m for m in methods), methods      # two timescales were found
-    untraced = {i for i, m in enumerate(methods) if 'instantaneous only' in m and 'trace' not in m}
-    ref = dense.es_multi_decay(step, jac, untraced=untraced, window=window)
-    for row, g, r, e in zip(report.rows, _leaves(grads), _leaves(ref), _leaves(exact)):
-        where = f"{row['parameter']} ({row['method']})"
-        assert rel_err(g, r) < SAME, f'{where}: {rel_err(g, r):.2e} from its reference'
-        if _exact(row['method']):
-            assert rel_err(g, e) < EXACT, f'{where}: {rel_err(g, e):.2e} from BPTT'
-        assert np.any(g) or not np.any(e), f'{where}: all zero, BPTT is not'
+    report = assert_is_its_reference(
+        bc.ES_D_RTRL(model, window=window), xs, labels, exact,
+        lambda untraced: dense.es_multi_decay(step, jac, untraced=untraced, window=window))
+    assert any('decays' in row['method'] for row in report.rows)   # two timescales found
 
 
 @pytest.mark.parametrize('name, window', _multi_decay_cases())
