@@ -33,44 +33,22 @@ is an :class:`EventFileError` naming the file and the event's position; nothing 
 
 from __future__ import annotations
 
-import dataclasses
-import struct
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from xml.etree import ElementTree
 
 import numpy as np
-from numpy.lib import format as npy_format
 
-from ..._npy_files import NpyFileError, npy_entries, npy_header
+from ..._npy_files import NpyFileError, npy_header
 from ..._validation import integer
 from . import prophesee
+from .aedat import _aedat4_blocks, _open_aedat4
+from .common import CAMERA_EVENT_DTYPE, EventFileError, _fail, _Layout, _relay
+from .npy import _deflated_npz_blocks, _npz_entry, _stored_npz_memmap
 
 __all__ = ["CAMERA_EVENT_DTYPE", "EventFileError", "EventReader", "read_events"]
 
-#: dtype of the events read from camera files: ``t`` microseconds, ``x`` column, ``y`` row
-#: (0 at the top), ``p`` 1 for ON and 0 for OFF.
-CAMERA_EVENT_DTYPE = np.dtype([("t", "<i8"), ("x", "<u2"), ("y", "<u2"), ("p", "u1")])
-
 _SUFFIXES = {".npy": "npy", ".npz": "npz", ".aedat4": "aedat4", ".raw": "evt"}
 _BLOCK_EVENTS = 1 << 16
-
-
-class EventFileError(ValueError):
-    """An event file that cannot be read, or an event in it that is wrong.
-
-    ``path`` is the file, ``position`` the index of the offending event (``None`` when
-    the problem is the file itself) and the message says both and what was expected.
-    """
-
-    def __init__(self, path, problem: str, position: int | None = None):
-        super().__init__(f"{path}: {problem}")
-        self.path, self.problem, self.position = Path(path), problem, position
-
-
-def _fail(path, problem: str, position: int | None = None):
-    raise EventFileError(path, problem, position)
 
 
 def _file_format(path: Path) -> str:
@@ -85,16 +63,6 @@ def _file_format(path: Path) -> str:
         _fail(path, "is not an EVT 2.0 or EVT 3.0 recording: its header (lines starting "
                     "with '%') names no 'evt 2.0' / 'evt 3.0' format")
     return version
-
-
-def _faery(path: Path, kind: str):
-    try:
-        import faery
-    except ImportError:
-        raise ImportError(
-            f"reading {path} ({kind}) needs the faery package: pip install "
-            "'braintrace_conv[events]' (or pip install faery)") from None
-    return faery
 
 
 # --------------------------------------------------------------------------- checks
@@ -180,74 +148,6 @@ def check_events(path, offset: int, events: np.ndarray, previous_t, extents: dic
 
 
 # --------------------------------------------------------------------------- sources
-def _npz_entry(path: Path) -> tuple[str, tuple, np.dtype]:
-    """``(name, shape, dtype)`` of the event array of an ``.npz`` file."""
-    entries = {name: (shape, dtype) for name, shape, dtype in npy_entries(path)}
-    if "events" in entries:
-        name = "events"
-    elif len(entries) == 1:
-        name = next(iter(entries))
-    else:
-        _fail(path, f"must hold an array named 'events' or exactly one array, got "
-                    f"{sorted(entries)}")
-    return (name, *entries[name])
-
-
-def _skip_npy_header(f) -> None:
-    """Move ``f`` past the ``.npy`` header at its position."""
-    version = npy_format.read_magic(f)
-    (npy_format.read_array_header_1_0 if version == (1, 0)
-     else npy_format.read_array_header_2_0)(f)
-
-
-def _stored_npz_memmap(path: Path, name: str, shape, dtype):
-    """A read-only memory map of the stored (uncompressed) entry ``name``, else ``None``."""
-    with zipfile.ZipFile(path) as archive:
-        info = archive.getinfo(name + ".npy")
-    if info.compress_type != zipfile.ZIP_STORED:
-        return None
-    with open(path, "rb") as f:
-        f.seek(info.header_offset)
-        local = f.read(30)
-        name_bytes, extra_bytes = struct.unpack("<HH", local[26:30])
-        f.seek(info.header_offset + 30 + name_bytes + extra_bytes)
-        _skip_npy_header(f)   # the header itself was checked by npy_entries
-        offset = f.tell()
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
-
-
-def _deflated_npz_blocks(path: Path, name: str, dtype, block: int) -> Iterator[np.ndarray]:
-    with zipfile.ZipFile(path) as archive, archive.open(name + ".npy") as entry:
-        _skip_npy_header(entry)
-        while data := entry.read(block * dtype.itemsize):
-            yield np.frombuffer(data, dtype=dtype)
-
-
-def _aedat4_blocks(path: Path) -> Iterator[np.ndarray]:
-    faery = _faery(path, "AEDAT4")
-    decoder = faery.file_decoder.Decoder(path, file_type="aedat")
-    for packet in decoder:
-        events = np.empty(len(packet), CAMERA_EVENT_DTYPE)
-        events["t"], events["x"], events["y"] = packet["t"], packet["x"], packet["y"]
-        events["p"] = packet["p"]
-        yield events
-
-
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    """What opening a file found: format, sensor extents, event count, the memory map
-    of an array file that can be mapped (``None`` for sequential formats), and the
-    header of an EVT file."""
-
-    kind: str
-    dtype: np.dtype
-    coordinates: tuple
-    sensor: tuple | None
-    num_events: int | None
-    array: np.ndarray | None
-    evt_header: prophesee.Header | None = None
-
-
 def _open(path: Path) -> _Layout:
     kind = _file_format(path)
     if kind == "npy":
@@ -274,84 +174,6 @@ def _open(path: Path) -> _Layout:
         _fail(path, f"its {kind.upper()} data holds {data_bytes} bytes, not a whole number "
                     f"of {word}-byte words (a truncated file?)")
     return _Layout(kind, CAMERA_EVENT_DTYPE, ("x", "y"), header.geometry, None, None, header)
-
-
-def _open_aedat4(path: Path) -> _Layout:
-    faery = _faery(path, "AEDAT4")
-    _check_aedat4_header(path)
-    try:
-        with faery.file_decoder.aedat.Decoder(path) as decoder:
-            tracks = [t for t in decoder.tracks() if t.data_type == "events"]
-            if not tracks:
-                _fail(path, "holds no event track (AEDAT4 tracks: "
-                            f"{[t.data_type for t in decoder.tracks()]})")
-            counts = [d.elements_count for d in decoder.file_data_definitions()
-                      if d.track_id == tracks[0].id]
-    except EventFileError:
-        raise
-    except BaseException as err:   # faery raises plain exceptions for damaged files
-        _relay(path, err, "is not a readable AEDAT4 file")
-    # a recording stopped before its index was written is read without a count
-    return _Layout("aedat4", CAMERA_EVENT_DTYPE, ("x", "y"), tuple(tracks[0].dimensions),
-                   sum(counts) if counts else None, None)
-
-
-_AEDAT4_MAGIC = b"#!AER-DAT4.0\r\n"
-
-
-def _check_aedat4_header(path: Path) -> None:
-    """Check what faery 0.7 does not check safely: the header's description must be
-    UTF-8 XML (faery aborts the process on bytes that are not UTF-8), and the index it
-    points to must lie inside the file."""
-    with open(path, "rb") as f:
-        head = f.read(len(_AEDAT4_MAGIC) + 4)
-        if not head.startswith(_AEDAT4_MAGIC):
-            _fail(path, "is not an AEDAT4 file: it does not start with "
-                        f"{_AEDAT4_MAGIC.decode().strip()!r}")
-        size = struct.unpack("<I", head[-4:])[0] if len(head) == len(_AEDAT4_MAGIC) + 4 \
-            else 1
-        header = f.read(size)
-    if len(header) < size:
-        _fail(path, "is truncated inside its AEDAT4 header")
-    try:   # the IOHeader flatbuffer: compression, dataTablePosition, infoNode
-        (table,) = struct.unpack_from("<I", header, 0)
-        (back,) = struct.unpack_from("<i", header, table)
-        vtable_size = struct.unpack_from("<H", header, table - back)[0]
-        fields = struct.unpack_from(f"<{(vtable_size - 4) // 2}H", header, table - back + 4)
-        index = struct.unpack_from("<q", header, table + fields[1])[0] if \
-            len(fields) > 1 and fields[1] else -1
-        at = table + fields[2]
-        at += struct.unpack_from("<I", header, at)[0]
-        (length,) = struct.unpack_from("<I", header, at)
-        description = header[at + 4:at + 4 + length]
-        if len(description) < length:
-            raise struct.error
-    except (struct.error, IndexError):
-        _fail(path, "has a damaged AEDAT4 header: its fields point outside it")
-    try:
-        ElementTree.fromstring(description.decode("utf-8"))
-    except (UnicodeDecodeError, ElementTree.ParseError) as err:
-        _fail(path, f"has a damaged AEDAT4 header: its description is not UTF-8 XML "
-                    f"({_one_line(err)})")
-    if index > path.stat().st_size:
-        _fail(path, f"is truncated: its AEDAT4 index starts at byte {index}, beyond its "
-                    f"{path.stat().st_size} bytes")
-
-
-def _one_line(err: BaseException) -> str:
-    """An error raised inside another package as one line of plain ASCII: line breaks and
-    runs of spaces collapsed, other characters escaped, at most 200 characters."""
-    text = " ".join(str(err).split()).encode("ascii", "backslashreplace").decode("ascii")
-    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _relay(path: Path, err: BaseException, problem: str, position: int | None = None):
-    """Raise an error from another package as one :class:`EventFileError` sentence; let
-    interrupts and exits through (faery's Rust panics are BaseExceptions)."""
-    if not isinstance(err, Exception) and type(err).__name__ != "PanicException":
-        raise err
-    _fail(path, f"{problem} ({type(err).__name__}: {_one_line(err)})", position)
 
 
 class EventReader:

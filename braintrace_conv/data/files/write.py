@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .read import _faery, check_events
+from .common import _faery
+from .read import check_events
 
 __all__ = ["write_events"]
 
