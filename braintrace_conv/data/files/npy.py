@@ -1,5 +1,5 @@
-"""``.npy`` and ``.npz`` event files: the array's entry in an archive, a memory map of a
-stored entry, and the blocks of a deflated one."""
+"""``.npy`` and ``.npz`` event files: one structured event array (the library's layout),
+memory-mapped when stored as it is, inflated block by block from a deflated ``.npz``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ..._npy_files import npy_entries
-from .common import _fail
+from ..._npy_files import npy_entries, npy_header
+from .common import Layout, event_fields, fail
 
 def _npz_entry(path: Path) -> tuple[str, tuple, np.dtype]:
     """``(name, shape, dtype)`` of the event array of an ``.npz`` file."""
@@ -22,7 +22,7 @@ def _npz_entry(path: Path) -> tuple[str, tuple, np.dtype]:
     elif len(entries) == 1:
         name = next(iter(entries))
     else:
-        _fail(path, f"must hold an array named 'events' or exactly one array, got "
+        fail(path, f"must hold an array named 'events' or exactly one array, got "
                     f"{sorted(entries)}")
     return (name, *entries[name])
 
@@ -57,3 +57,27 @@ def _deflated_npz_blocks(path: Path, name: str, dtype, block: int) -> Iterator[n
             yield np.frombuffer(data, dtype=dtype)
 
 
+
+
+def open_npy(path: Path) -> Layout:
+    """The layout of a ``.npy`` event file: its array, memory-mapped."""
+    shape, dtype = npy_header(path)
+    _check(path, shape, dtype)
+    array = np.load(path, mmap_mode="r", allow_pickle=False) if shape[0] else np.zeros(0, dtype)
+    return Layout("npy", dtype, None, shape[0], array)
+
+
+def open_npz(path: Path) -> Layout:
+    """The layout of an ``.npz`` event file: the entry ``events`` (or its only entry),
+    memory-mapped when stored, decoded block by block when deflated."""
+    name, shape, dtype = _npz_entry(path)
+    _check(path, shape, dtype)
+    array = _stored_npz_memmap(path, name, shape, dtype) if shape[0] else np.zeros(0, dtype)
+    return Layout("npz", dtype, None, shape[0], array,
+                  lambda block: _deflated_npz_blocks(path, name, dtype, block))
+
+
+def _check(path: Path, shape: tuple, dtype: np.dtype) -> None:
+    event_fields(path, dtype)
+    if len(shape) != 1:
+        fail(path, f"holds an event array of shape {shape}; expected one dimension")

@@ -20,8 +20,8 @@ significant bits give their type (Prophesee's *EVT 2.0* and *EVT 3.0 Format* pag
 
 Both formats' other words (external triggers, counters, IMU, continued data) carry no
 pixel event and are skipped; a type neither format page nor Prophesee's decoder defines
-(EVT 2.0: 0x2 to 0x7 and 0x9; EVT 3.0: 0x1 and 0x9) is a :class:`EvtFormatError` naming
-its byte.
+(EVT 2.0: 0x2 to 0x7 and 0x9; EVT 3.0: 0x1 and 0x9) is an
+:class:`~braintrace_conv.data.EventFileError` naming its byte.
 
 Counter wraps
 -------------
@@ -56,7 +56,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["EvtFormatError", "Header", "WORD_BYTES", "decode", "read_header"]
+from .common import CAMERA_EVENT_DTYPE, Layout, fail
+
+__all__ = ["Header", "WORD_BYTES", "decode", "open_evt", "read_header"]
 
 #: Bytes per word of each format.
 WORD_BYTES = {"evt2": 4, "evt3": 2}
@@ -64,12 +66,8 @@ _HEADER_LINE_BYTES = 1 << 16
 _TEXT = frozenset(range(0x20, 0x7F)) | {0x09, 0x0D}
 
 
-class EvtFormatError(ValueError):
-    """Words that are not EVT data; ``byte`` is the offending word's offset in the file."""
-
-    def __init__(self, problem: str, byte: int):
-        super().__init__(problem)
-        self.problem, self.byte = problem, byte
+class _WordError(ValueError):
+    """Words that are not EVT data; the message names the offending word's byte."""
 
 
 # --------------------------------------------------------------------------- header
@@ -145,8 +143,8 @@ def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
       block_words: Words read at a time.
 
     Raises:
-      EvtFormatError: a word type the format does not define, an event column beyond
-        the format's 2048, or a last word cut short.
+      EventFileError: a word type the format does not define, an event column beyond
+        the format's 2048, or a last word cut short (named by its byte).
     """
     decoder = {"evt2": _Evt2Decoder, "evt3": _Evt3Decoder}[version](np.dtype(dtype))
     word = np.dtype("<u4" if version == "evt2" else "<u2")
@@ -157,10 +155,32 @@ def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
             cut = len(data) % word.itemsize
             if cut:
                 at = byte + len(data) - cut
-                raise EvtFormatError(f"its last word, at byte {at}, is cut short: {cut} of its "
-                                     f"{word.itemsize} bytes are there (a truncated file?)", at)
-            yield decoder(np.frombuffer(data, word), byte)
+                fail(path, f"its last word, at byte {at}, is cut short: {cut} of its "
+                           f"{word.itemsize} bytes are there (a truncated file?)")
+            try:
+                events = decoder(np.frombuffer(data, word), byte)
+            except _WordError as err:
+                fail(path, str(err))
+            yield events
             byte += len(data)
+
+
+def open_evt(path) -> Layout:
+    """The layout of an EVT 2.0 / 3.0 file: version and sensor from its header, its
+    words decoded by :func:`decode`."""
+    header = read_header(path)
+    version = header.version
+    if version is None:
+        fail(path, "is not an EVT 2.0 or EVT 3.0 recording: its header (lines starting "
+                   "with '%') names no 'evt 2.0' / 'evt 3.0' format")
+    data_bytes = Path(path).stat().st_size - header.data_offset
+    word = WORD_BYTES[version]
+    if data_bytes % word:
+        fail(path, f"its {version.upper()} data holds {data_bytes} bytes, not a whole number "
+                   f"of {word}-byte words (a truncated file?)")
+    return Layout(version, CAMERA_EVENT_DTYPE, header.geometry, None,
+                  decode=lambda block: decode(path, version, data_offset=header.data_offset,
+                                              dtype=CAMERA_EVENT_DTYPE, block_words=block))
 
 
 def _undefined(bad: np.ndarray, kind: np.ndarray, byte: int, word_bytes: int,
@@ -169,9 +189,8 @@ def _undefined(bad: np.ndarray, kind: np.ndarray, byte: int, word_bytes: int,
     if bad.any():
         i = int(np.argmax(bad))
         at = byte + i * word_bytes
-        raise EvtFormatError(f"byte {at} holds a word of type {int(kind[i]):#x}, which "
-                             f"{name} does not define (a damaged file, or not {name} data)",
-                             at)
+        raise _WordError(f"byte {at} holds a word of type {int(kind[i]):#x}, which "
+                             f"{name} does not define (a damaged file, or not {name} data)")
 
 
 def _unwrap(values: np.ndarray, previous, loops: int, bits: int):
@@ -343,8 +362,8 @@ class _Evt3Decoder:
         if last.max(initial=0) > 0x7FF:
             i = int(np.argmax(last > 0x7FF))
             at_byte = byte + 2 * int(at_vector[i])
-            raise EvtFormatError(f"byte {at_byte} puts an event at column {int(last[i])}, "
-                                 "beyond EVT 3.0's 2048 (a damaged file)", at_byte)
+            raise _WordError(f"byte {at_byte} puts an event at column {int(last[i])}, "
+                                 "beyond EVT 3.0's 2048 (a damaged file)")
         # the vector words' events, in order: which word, which bit of its mask
         bits = np.flatnonzero(np.unpackbits(valid.view(np.uint8), bitorder="little")
                               .view(bool))       # nonzero is fast on bool, slow on uint8

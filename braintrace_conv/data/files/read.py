@@ -38,49 +38,31 @@ from pathlib import Path
 
 import numpy as np
 
-from ..._npy_files import NpyFileError, npy_header
+from ..._npy_files import NpyFileError
 from ..._validation import integer
-from . import prophesee
-from .aedat import _aedat4_blocks, _open_aedat4
-from .common import CAMERA_EVENT_DTYPE, EventFileError, _fail, _Layout, _relay
-from .npy import _deflated_npz_blocks, _npz_entry, _stored_npz_memmap
+from .aedat import open_aedat4
+from .common import (CAMERA_EVENT_DTYPE, EventFileError, Layout, event_fields, fail,
+                     relay)
+from .npy import open_npy, open_npz
+from .prophesee import open_evt
 
 __all__ = ["CAMERA_EVENT_DTYPE", "EventFileError", "EventReader", "read_events"]
 
-_SUFFIXES = {".npy": "npy", ".npz": "npz", ".aedat4": "aedat4", ".raw": "evt"}
+# the reader of each suffix: path -> Layout (common.py)
+_OPENERS = {".npy": open_npy, ".npz": open_npz, ".aedat4": open_aedat4, ".raw": open_evt}
 _BLOCK_EVENTS = 1 << 16
 
 
-def _file_format(path: Path) -> str:
-    suffix = path.suffix.lower()
-    if suffix not in _SUFFIXES:
-        _fail(path, f"unknown event-file suffix {path.suffix!r}; expected one of "
-                    f"{', '.join(sorted(_SUFFIXES))}")
-    if suffix != ".raw":
-        return _SUFFIXES[suffix]
-    version = prophesee.read_header(path).version
-    if version is None:
-        _fail(path, "is not an EVT 2.0 or EVT 3.0 recording: its header (lines starting "
-                    "with '%') names no 'evt 2.0' / 'evt 3.0' format")
-    return version
+def _open(path: Path) -> Layout:
+    """The layout of ``path``, from the reader of its suffix."""
+    opener = _OPENERS.get(path.suffix.lower())
+    if opener is None:
+        fail(path, f"unknown event-file suffix {path.suffix!r}; expected one of "
+                   f"{', '.join(sorted(_OPENERS))}")
+    return opener(path)
 
 
 # --------------------------------------------------------------------------- checks
-def _check_fields(path: Path, dtype: np.dtype) -> tuple[str, ...]:
-    """The coordinate fields of a structured event dtype (``('x',)`` or ``('x', 'y')``)."""
-    names = dtype.names or ()
-    coordinates = ("x", "y") if "y" in names else ("x",)
-    missing = [f for f in ("t", *coordinates, "p") if f not in names]
-    if dtype.names is None or missing:
-        _fail(path, f"holds an array of dtype {dtype}; expected a structured event array "
-                    "with fields t, x[, y], p" + (f" (missing {missing})" if names else ""))
-    for name in ("t", *coordinates, "p"):
-        kind = dtype[name].kind
-        if kind not in "biuf":
-            _fail(path, f"events field {name!r} has dtype {dtype[name]}; expected numbers")
-    return coordinates
-
-
 def _records(events: np.ndarray) -> np.ndarray:
     """A contiguous event array viewed as raw records: numpy copies structured records
     field by field, some 50 times slower than it copies their bytes."""
@@ -113,18 +95,18 @@ def check_events(path, offset: int, events: np.ndarray, previous_t, extents: dic
     t = events["t"]
     if t.dtype.kind == "f" and not np.isfinite(t).all():
         i = _first(~np.isfinite(t))
-        _fail(path, f"event {offset + i} has the timestamp {t[i]}; expected a finite "
+        fail(path, f"event {offset + i} has the timestamp {t[i]}; expected a finite "
                     "number of microseconds", offset + i)
     if t.dtype.kind != "u" and (t < 0).any():
         i = _first(t < 0)
-        _fail(path, f"event {offset + i} has the negative timestamp {t[i]} us; timestamps "
+        fail(path, f"event {offset + i} has the negative timestamp {t[i]} us; timestamps "
                     "count microseconds from the start of the recording", offset + i)
     # compare, never subtract: unsigned timestamps would wrap around
     earlier = np.concatenate(([previous_t is not None and t[0] < previous_t], t[1:] < t[:-1]))
     if earlier.any():
         i = _first(earlier)
         before = t[i - 1] if i else previous_t
-        _fail(path, f"event {offset + i} has the timestamp {t[i]} us, earlier than event "
+        fail(path, f"event {offset + i} has the timestamp {t[i]} us, earlier than event "
                     f"{offset + i - 1}'s {before} us; events must be in time order",
               offset + i)
     for name, size in extents.items():
@@ -137,43 +119,14 @@ def check_events(path, offset: int, events: np.ndarray, previous_t, extents: dic
         if bad.any():
             i = _first(bad)
             bound = f"[0, {size})" if size is not None else "non-negative"
-            _fail(path, f"event {offset + i} has {name} = {values[i]}; expected an integer "
+            fail(path, f"event {offset + i} has {name} = {values[i]}; expected an integer "
                         f"pixel coordinate in {bound}", offset + i)
     p = events["p"]
     bad = ~((p == 0) | (p == 1) | (p == -1))
     if bad.any():
         i = _first(bad)
-        _fail(path, f"event {offset + i} has the polarity p = {p[i]}; expected 1 (ON) or "
+        fail(path, f"event {offset + i} has the polarity p = {p[i]}; expected 1 (ON) or "
                     "0 / -1 (OFF)", offset + i)
-
-
-# --------------------------------------------------------------------------- sources
-def _open(path: Path) -> _Layout:
-    kind = _file_format(path)
-    if kind == "npy":
-        shape, dtype = npy_header(path)
-        coordinates = _check_fields(path, dtype)
-        if len(shape) != 1:
-            _fail(path, f"holds an event array of shape {shape}; expected one dimension")
-        array = np.load(path, mmap_mode="r", allow_pickle=False) if shape[0] else \
-            np.zeros(0, dtype)
-        return _Layout(kind, dtype, coordinates, None, shape[0], array)
-    if kind == "npz":
-        name, shape, dtype = _npz_entry(path)
-        coordinates = _check_fields(path, dtype)
-        if len(shape) != 1:
-            _fail(path, f"holds an event array of shape {shape}; expected one dimension")
-        array = _stored_npz_memmap(path, name, shape, dtype) if shape[0] else np.zeros(0, dtype)
-        return _Layout(kind, dtype, coordinates, None, shape[0], array)
-    if kind == "aedat4":
-        return _open_aedat4(path)
-    header = prophesee.read_header(path)
-    data_bytes = path.stat().st_size - header.data_offset
-    word = prophesee.WORD_BYTES[kind]
-    if data_bytes % word:
-        _fail(path, f"its {kind.upper()} data holds {data_bytes} bytes, not a whole number "
-                    f"of {word}-byte words (a truncated file?)")
-    return _Layout(kind, CAMERA_EVENT_DTYPE, ("x", "y"), header.geometry, None, None, header)
 
 
 class EventReader:
@@ -218,10 +171,10 @@ class EventReader:
             layout = _open(self.path)
         except NpyFileError as err:
             raise EventFileError(self.path, err.problem) from None
-        self.format, self.num_events, self._array = layout.kind, layout.num_events, layout.array
-        self._evt_header = layout.evt_header
+        self.format, self.num_events, self._array = layout.format, layout.num_events, layout.array
+        self._decode = layout.decode
         self.dtype = layout.dtype
-        self._coordinates = layout.coordinates
+        self._coordinates = event_fields(self.path, layout.dtype)
         self.sensor_size = self._sensor(layout.sensor, sensor_size)
 
     def _sensor(self, from_file, given) -> tuple | None:
@@ -232,7 +185,7 @@ class EventReader:
             raise ValueError(f"sensor_size {given!r} does not fit the coordinates "
                              f"{self._coordinates} of {self.path}")
         if from_file is not None and tuple(from_file) != given:
-            _fail(self.path, f"is a {from_file[0]} x {from_file[1]} recording, but "
+            fail(self.path, f"is a {from_file[0]} x {from_file[1]} recording, but "
                              f"sensor_size gives {given[0]} x {given[1]}")
         return given
 
@@ -288,7 +241,7 @@ class EventReader:
             return
         offset = 0
         try:
-            for events in self._sequential():
+            for events in self._decode(self._block):
                 for cut in range(0, len(events), self._block):
                     part = events[cut:cut + self._block]
                     check_events(self.path, offset, part, previous, extents)
@@ -298,21 +251,9 @@ class EventReader:
                     offset += len(part)
         except (EventFileError, ImportError):
             raise
-        except prophesee.EvtFormatError as err:
-            _fail(self.path, err.problem)
         except BaseException as err:   # faery and zlib raise plain exceptions for damaged data
-            _relay(self.path, err, f"cannot be decoded after event {offset}, the file is "
+            relay(self.path, err, f"cannot be decoded after event {offset}, the file is "
                                    "damaged or truncated", offset)
-
-    def _sequential(self) -> Iterator[np.ndarray]:
-        if self.format == "npz":
-            name, _, dtype = _npz_entry(self.path)
-            return _deflated_npz_blocks(self.path, name, dtype, self._block)
-        if self.format == "aedat4":
-            return _aedat4_blocks(self.path)
-        return prophesee.decode(self.path, self.format, dtype=CAMERA_EVENT_DTYPE,
-                                data_offset=self._evt_header.data_offset,
-                                block_words=self._block)
 
     def time_range(self) -> tuple | None:
         """``(first, last)`` timestamps of the file, microseconds; ``None`` when it holds no
@@ -400,11 +341,11 @@ def read_events(path, *, sensor_size: tuple | None = None) -> np.ndarray:
     filled = 0
     for offset, block in reader.blocks():
         if offset + len(block) > len(events):
-            _fail(reader.path, f"holds more events than the {len(events)} its index "
+            fail(reader.path, f"holds more events than the {len(events)} its index "
                                "declares (a damaged file?)", offset)
         _records(events)[offset:offset + len(block)] = _records(block)
         filled = offset + len(block)
     if filled != len(events):
-        _fail(reader.path, f"holds {filled} events, fewer than the {len(events)} its index "
+        fail(reader.path, f"holds {filled} events, fewer than the {len(events)} its index "
                            "declares (a truncated file?)", filled)
     return events

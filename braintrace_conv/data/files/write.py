@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import _faery
+from .common import import_faery
 from .read import check_events
 
 __all__ = ["write_events"]
@@ -68,7 +68,7 @@ def write_events(path, events: np.ndarray, *, sensor_size: tuple | None = None,
                          f"{sensor_size!r}")
     width, height = int(sensor_size[0]), int(sensor_size[1])
     check_events(path, 0, events, None, {"x": width, "y": height})
-    faery = _faery(path, format.upper())
+    faery = import_faery(path, format.upper())
     blocks = (_faery_events(faery, events[i:i + _BLOCK_EVENTS])
               for i in range(0, len(events), _BLOCK_EVENTS))
     version = None if format == "aedat4" else format
