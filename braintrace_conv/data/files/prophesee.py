@@ -58,7 +58,7 @@ import numpy as np
 
 from .common import CAMERA_EVENT_DTYPE, Layout, fail
 
-__all__ = ["Header", "WORD_BYTES", "decode", "open_evt", "read_header"]
+__all__ = ["Header", "WORD_BYTES", "decode", "read_header"]
 
 #: Bytes per word of each format.
 WORD_BYTES = {"evt2": 4, "evt3": 2}
