@@ -1,5 +1,6 @@
 """What every event-file format shares: the dtype of camera events, the error that names a
-file, and what opening a file found (:class:`Layout`).
+file, what opening a file found (:class:`Layout`), and the pieces several formats are made of:
+a text header, fixed-size records, a counter that wraps.
 
 A format module opens a file with one function, ``path -> Layout``, that checks its header
 and says how its events are read: a memory map of the events themselves, or a decoder that
@@ -86,6 +87,67 @@ class Layout:
     num_events: int | None
     array: np.ndarray | None = None
     decode: Callable[[int], Iterator[np.ndarray]] | None = None
+
+
+_TEXT = frozenset(range(0x20, 0x7F)) | {0x09, 0x0D}
+_HEADER_LINE_BYTES = 1 << 16
+
+
+def header_lines(path, marker: bytes, end: str | None = None) -> tuple[list, int]:
+    """The text header at the start of a file: the lines that start with ``marker`` and
+    hold printable ASCII, up to a line reading ``end`` (after the marker, any case) or the
+    first line that is not such text (a file's first data bytes may spell the marker).
+
+    Returns ``(lines, data_offset)``: the lines with the marker and line ends stripped,
+    and the byte where the data starts.
+    """
+    lines, offset = [], 0
+    with open(path, "rb") as f:
+        while True:
+            line = f.readline(_HEADER_LINE_BYTES)
+            if not (line.startswith(marker) and line.endswith(b"\n")
+                    and _TEXT.issuperset(line[:-1])):
+                break
+            offset += len(line)
+            text = line[len(marker):].decode("ascii").strip()
+            lines.append(text)
+            if end is not None and text.lower() == end.lower():
+                break
+    return lines, offset
+
+
+def records(path, data_offset: int, record_bytes: int, count: int,
+            what: str) -> Iterator[tuple[int, bytes]]:
+    """``(byte, data)``: the file from ``data_offset`` on, ``count`` records of
+    ``record_bytes`` at a time (memory: one block), ``byte`` where ``data`` starts. A last
+    record cut short is an :class:`EventFileError` naming its byte and ``what`` a record
+    is."""
+    with open(path, "rb") as f:
+        f.seek(data_offset)
+        byte = data_offset
+        while data := f.read(count * record_bytes):
+            cut = len(data) % record_bytes
+            if cut:
+                at = byte + len(data) - cut
+                fail(path, f"its last {what}, at byte {at}, is cut short: {cut} of its "
+                           f"{record_bytes} bytes are there (a truncated file?)")
+            yield byte, data
+            byte += len(data)
+
+
+def unwrap(values: np.ndarray, previous, loops: int, bits: int):
+    """Counter ``values`` (int64) with the wraps before each counted in: a drop of at
+    least half the range from the value before (``previous`` for the first; ``None``: no
+    value before) is one wrap. Returns ``(unwrapped, changed, last value, loops)``, with
+    ``changed`` marking values unlike the one before them."""
+    before = np.empty_like(values)
+    before[:1] = values[:1] if previous is None else previous
+    before[1:] = values[:-1]
+    wraps = np.cumsum(before - values >= 1 << (bits - 1)) + loops
+    changed = values != before
+    if previous is None:
+        changed[:1] = True
+    return (wraps << bits) + values, changed, int(values[-1]), int(wraps[-1])
 
 
 def one_line(err: BaseException) -> str:

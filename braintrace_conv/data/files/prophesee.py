@@ -56,14 +56,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import CAMERA_EVENT_DTYPE, Layout, fail
+from .common import CAMERA_EVENT_DTYPE, Layout, fail, header_lines, records, unwrap
 
 __all__ = ["Header", "WORD_BYTES", "decode", "read_header"]
 
 #: Bytes per word of each format.
 WORD_BYTES = {"evt2": 4, "evt3": 2}
-_HEADER_LINE_BYTES = 1 << 16
-_TEXT = frozenset(range(0x20, 0x7F)) | {0x09, 0x0D}
 
 
 class _WordError(ValueError):
@@ -90,18 +88,7 @@ class Header:
 
 def read_header(path) -> Header:
     """The header of a Prophesee ``.raw`` file (module docstring for where it ends)."""
-    lines, offset = [], 0
-    with open(path, "rb") as f:
-        while True:
-            line = f.readline(_HEADER_LINE_BYTES)
-            if not (line.startswith(b"%") and line.endswith(b"\n")
-                    and _TEXT.issuperset(line[:-1])):
-                break
-            offset += len(line)
-            text = line[1:].decode("ascii").strip()
-            lines.append(text)
-            if text.lower() == "end":
-                break
+    lines, offset = header_lines(path, b"%", end="end")
     return Header(tuple(lines), offset, _version(lines), _geometry(lines))
 
 
@@ -148,21 +135,12 @@ def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
     """
     decoder = {"evt2": _Evt2Decoder, "evt3": _Evt3Decoder}[version](np.dtype(dtype))
     word = np.dtype("<u4" if version == "evt2" else "<u2")
-    with open(path, "rb") as f:
-        f.seek(data_offset)
-        byte = data_offset
-        while data := f.read(block_words * word.itemsize):
-            cut = len(data) % word.itemsize
-            if cut:
-                at = byte + len(data) - cut
-                fail(path, f"its last word, at byte {at}, is cut short: {cut} of its "
-                           f"{word.itemsize} bytes are there (a truncated file?)")
-            try:
-                events = decoder(np.frombuffer(data, word), byte)
-            except _WordError as err:
-                fail(path, str(err))
-            yield events
-            byte += len(data)
+    for byte, data in records(path, data_offset, word.itemsize, block_words, "word"):
+        try:
+            events = decoder(np.frombuffer(data, word), byte)
+        except _WordError as err:
+            fail(path, str(err))
+        yield events
 
 
 def open_evt(path) -> Layout:
@@ -191,21 +169,6 @@ def _undefined(bad: np.ndarray, kind: np.ndarray, byte: int, word_bytes: int,
         at = byte + i * word_bytes
         raise _WordError(f"byte {at} holds a word of type {int(kind[i]):#x}, which "
                              f"{name} does not define (a damaged file, or not {name} data)")
-
-
-def _unwrap(values: np.ndarray, previous, loops: int, bits: int):
-    """Counter ``values`` (int64) with the wraps before each counted in: a drop of at
-    least half the range from the value before (``previous`` for the first; ``None``: no
-    value before) is one wrap. Returns ``(unwrapped, changed, last value, loops)``, with
-    ``changed`` marking values unlike the one before them."""
-    before = np.empty_like(values)
-    before[:1] = values[:1] if previous is None else previous
-    before[1:] = values[:-1]
-    wraps = np.cumsum(before - values >= 1 << (bits - 1)) + loops
-    changed = values != before
-    if previous is None:
-        changed[:1] = True
-    return (wraps << bits) + values, changed, int(values[-1]), int(wraps[-1])
 
 
 _UNKNOWN = -(1 << 62)   # a state not known yet: far below any timestamp or column
@@ -249,7 +212,7 @@ class _Evt2Decoder:
         base = np.zeros(0, np.int64)
         if len(at_high):
             highs = (words[at_high] & 0x0FFFFFFF).astype(np.int64)
-            base, _, self.high, self.loops = _unwrap(highs, self.high, self.loops, 28)
+            base, _, self.high, self.loops = unwrap(highs, self.high, self.loops, 28)
             base <<= 6
         carried, self.base = self.base, int(base[-1]) if len(base) else self.base
         base = _latest(at_high, base, at, carried, is_high)
@@ -311,7 +274,7 @@ class _Evt3Decoder:
         at_high = np.flatnonzero(kind == 8)
         changes, highs = at_high, np.zeros(0, np.int64)
         if len(at_high):
-            unwrapped, changed, self.high, self.loops = _unwrap(
+            unwrapped, changed, self.high, self.loops = unwrap(
                 payload[at_high].astype(np.int64), self.high, self.loops, 12)
             changes, highs = at_high[changed], unwrapped[changed] << 12
             is_time[changes] = True
