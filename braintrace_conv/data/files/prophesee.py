@@ -1,5 +1,5 @@
-r"""Prophesee EVT 2.0 and EVT 3.0 recordings (``.raw``): the header, and the event words
-decoded block by block with NumPy.
+r"""Prophesee recordings: EVT 2.0 and EVT 3.0 (``.raw``) and DAT (``.dat``), their header,
+and their events decoded block by block with NumPy.
 
 A ``.raw`` file is a text header, lines starting with ``%`` (the format, e.g. ``% evt
 3.0``, and the sensor's ``% geometry WxH``), followed by little-endian words whose 4 most
@@ -46,6 +46,26 @@ recording cut from a camera's stream may start mid-state.
 The header is the lines of text starting with ``%`` at the start of the file, up to a
 ``% end`` line (Metavision writes one) or the first line that is not such text: ``faery``
 writes no ``% end``, and its first word may begin with the byte of ``%``.
+
+DAT
+---
+The older format of Prophesee's datasets (Gen1 and Gen4 automotive, N-CARS). After the
+``%`` lines (``% Version 2``, ``% Width 1280``, ``% Height 720``) come two bytes, the
+event type (0x00 ``Event2d``, 0x0C ``CD``: both pixel events) and the event size (8),
+then one little-endian 64-bit record per event: the timestamp in its low 32 bits, then
+``x``, ``y`` and the polarity. Version 2 packs ``x`` and ``y`` in 14 bits each and the
+polarity in the top 4 bits; version 1, the older ATIS files, packs ``x`` in 9 bits, ``y``
+in 8 and the polarity in the 4 bits after them. A file without a ``Version`` line is read
+as version 2, as Prophesee's dataset loaders and ``faery`` read it. Polarities other than
+0 and 1 are refused by the reader's checks, and so are files of external triggers (type
+0x0E), which hold no pixel event.
+
+Timestamps have 32 bits and wrap every :math:`2^{32}` µs (71.6 min): a timestamp lower
+than the one before by at least :math:`2^{31}` µs is one wrap (``faery``'s rule), a
+smaller drop is time going backwards, refused by the checks (``faery`` 0.7 gives such an
+event the timestamp before it). A silence of more than :math:`2^{31}` µs cannot be told
+from a wrap. A ``% T0`` line (``faery`` writes one when it shifts a recording to start at
+0) gives microseconds added to every timestamp, as ``faery`` adds them.
 """
 
 from __future__ import annotations
@@ -58,7 +78,7 @@ import numpy as np
 
 from .common import CAMERA_EVENT_DTYPE, Layout, fail, header_lines, records, unwrap
 
-__all__ = ["Header", "WORD_BYTES", "decode", "read_header"]
+__all__ = ["Header", "WORD_BYTES", "decode", "decode_dat", "read_header"]
 
 #: Bytes per word of each format.
 WORD_BYTES = {"evt2": 4, "evt3": 2}
@@ -71,25 +91,42 @@ class _WordError(ValueError):
 # --------------------------------------------------------------------------- header
 @dataclasses.dataclass(frozen=True)
 class Header:
-    """The ``%`` lines of a ``.raw`` file and what they say.
+    """The ``%`` lines of a ``.raw`` or ``.dat`` file and what they say.
 
     Attributes:
       lines: The header lines, ``%`` and line ends stripped.
-      data_offset: Byte where the words start.
+      data_offset: Byte where the lines end (EVT: where the words start; DAT: where the
+        event type and size bytes are).
       version: ``'evt2'`` or ``'evt3'``, ``None`` when the header names neither.
       geometry: ``(width, height)`` of the sensor, ``None`` when the header gives none.
+      t0: Microseconds added to every timestamp (a ``% T0`` line; 0 without one).
     """
 
     lines: tuple
     data_offset: int
     version: str | None
     geometry: tuple | None
+    t0: int = 0
 
 
 def read_header(path) -> Header:
-    """The header of a Prophesee ``.raw`` file (module docstring for where it ends)."""
+    """The header of a Prophesee ``.raw`` or ``.dat`` file (module docstring for where
+    it ends)."""
     lines, offset = header_lines(path, b"%", end="end")
-    return Header(tuple(lines), offset, _version(lines), _geometry(lines))
+    return Header(tuple(lines), offset, _version(lines), _geometry(lines),
+                  _field(lines, "t0") or 0)
+
+
+def _field(lines, name: str) -> int | None:
+    """The whole number ``N`` (or ``N.0``) of the line ``name N`` (any case), ``None``
+    without one."""
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 2 and fields[0].lower() == name:
+            number = fields[1].removesuffix(".0")
+            if number.isdigit():
+                return int(number)
+    return None
 
 
 def _version(lines) -> str | None:
@@ -101,7 +138,11 @@ def _version(lines) -> str | None:
 
 
 def _geometry(lines) -> tuple | None:
-    """``(width, height)`` from ``geometry WxH`` or ``format ...;width=W;height=H``."""
+    """``(width, height)`` from ``geometry WxH``, ``format ...;width=W;height=H`` or the
+    ``Width W`` and ``Height H`` lines of DAT files."""
+    width, height = _field(lines, "width"), _field(lines, "height")
+    if width is not None and height is not None:
+        return width, height
     for line in lines:
         fields = line.split()
         if fields[:1] == ["geometry"] and len(fields) == 2 and "x" in fields[1]:
@@ -352,3 +393,73 @@ class _Evt3Decoder:
                       source).view(self.dtype)
         out["x"] += offset
         return out
+
+
+# --------------------------------------------------------------------------- DAT
+_DAT_PIXEL_TYPES = {0x00: "Event2d", 0x0C: "CD"}
+#: per version: bits of x, bits of y, first bit of the polarity (of the 32 data bits)
+_DAT_LAYOUTS = {1: (9, 8, 17), 2: (14, 14, 28)}
+
+
+def decode_dat(path, version: int, *, data_offset: int, dtype: np.dtype,
+               block_events: int = 1 << 16, t0: int = 0) -> Iterator[np.ndarray]:
+    """The events of a DAT file, in file order, ``block_events`` at a time (memory: one
+    block; the count of timestamp wraps is carried across blocks).
+
+    Args:
+      path: The ``.dat`` file.
+      version: 1 or 2 (module docstring).
+      data_offset: Byte where the events start, after the type and size bytes.
+      dtype: Structured dtype of the events yielded, with fields ``t`` (int64:
+        microseconds), ``x``, ``y`` (at least 14 bits) and ``p``.
+      block_events: Events read at a time.
+      t0: Microseconds added to every timestamp (:attr:`Header.t0`).
+
+    Raises:
+      EventFileError: a last event cut short (named by its byte).
+    """
+    x_bits, y_bits, p_shift = _DAT_LAYOUTS[version]
+    previous, loops = None, 0
+    for _, data in records(path, data_offset, 8, block_events, "event"):
+        words = np.frombuffer(data, "<u4")
+        t, _, previous, loops = unwrap(words[0::2].astype(np.int64), previous, loops, 32)
+        address = words[1::2]
+        events = np.empty(len(t), dtype)
+        events["t"] = t + t0
+        events["x"] = address & ((1 << x_bits) - 1)
+        events["y"] = (address >> x_bits) & ((1 << y_bits) - 1)
+        events["p"] = (address >> p_shift) & 0xF
+        yield events
+
+
+def open_dat(path) -> Layout:
+    """The layout of a DAT file: version, sensor and event count from its header, its
+    events decoded by :func:`decode_dat`."""
+    header = read_header(path)
+    with open(path, "rb") as f:
+        f.seek(header.data_offset)
+        type_and_size = f.read(2)
+    if len(type_and_size) < 2:
+        fail(path, "ends inside its DAT header: the event type and size bytes after the "
+                   "'%' lines are missing (a truncated file?)")
+    event_type, event_bytes = type_and_size
+    if event_type == 0x0E:
+        fail(path, "holds external trigger events (DAT event type 0x0e), not pixel events")
+    if event_type not in _DAT_PIXEL_TYPES:
+        fail(path, f"has the DAT event type {event_type:#04x}; expected 0x00 (Event2d) or "
+                   "0x0c (CD)")
+    if event_bytes != 8:
+        fail(path, f"declares DAT events of {event_bytes} bytes; expected 8")
+    version = _field(header.lines, "version")
+    version = 2 if version is None else version
+    if version not in _DAT_LAYOUTS:
+        fail(path, f"is a DAT file of version {version}; expected version 1 or 2")
+    data_offset = header.data_offset + 2
+    data_bytes = Path(path).stat().st_size - data_offset
+    if data_bytes % 8:
+        fail(path, f"its DAT events fill {data_bytes} bytes, not a whole number of 8-byte "
+                   "events (a truncated file?)")
+    return Layout("dat", CAMERA_EVENT_DTYPE, header.geometry, data_bytes // 8,
+                  decode=lambda block: decode_dat(path, version, data_offset=data_offset,
+                                                  dtype=CAMERA_EVENT_DTYPE,
+                                                  block_events=block, t0=header.t0))

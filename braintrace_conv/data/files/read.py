@@ -44,12 +44,13 @@ from .aedat import open_aedat4
 from .common import (CAMERA_EVENT_DTYPE, EventFileError, Layout, event_fields, fail,
                      relay)
 from .npy import open_npy, open_npz
-from .prophesee import open_evt
+from .prophesee import open_dat, open_evt
 
 __all__ = ["CAMERA_EVENT_DTYPE", "EventFileError", "EventReader", "read_events"]
 
 # the reader of each suffix: path -> Layout (common.py)
-_OPENERS = {".npy": open_npy, ".npz": open_npz, ".aedat4": open_aedat4, ".raw": open_evt}
+_OPENERS = {".npy": open_npy, ".npz": open_npz, ".aedat4": open_aedat4, ".raw": open_evt,
+            ".dat": open_dat}
 _BLOCK_EVENTS = 1 << 16
 
 

@@ -359,3 +359,148 @@ def test_a_million_events_with_every_silence_across_a_wrap_read_back_exact(tmp_p
         else:
             write_events(path, events, sensor_size=SENSOR, format=version)
         np.testing.assert_array_equal(read_events(path), events)
+
+
+# ----------------------------------------------------------------- DAT
+def dat_recording(n=3000, seed=0, size=SENSOR):
+    """Events across two wraps of DAT's 32-bit timestamps, each in a silence of 2^31 - 1
+    us (36 min, the longest a wrap can be told from)."""
+    rng = np.random.default_rng(seed)
+    events = np.zeros(n, CAMERA_EVENT_DTYPE)
+    steps = rng.integers(0, 50, n)
+    steps[n // 3] = steps[2 * n // 3] = steps[5 * n // 6] = (1 << 31) - 1
+    events["t"] = (1 << 32) - 30_000 + np.cumsum(steps)
+    t = events["t"]
+    wraps = (t[1:] >> 32) != (t[:-1] >> 32)
+    assert wraps.sum() == 2 and (np.diff(t)[wraps] == (1 << 31) - 1).all()
+    events["x"], events["y"] = rng.integers(0, size[0], n), rng.integers(0, size[1], n)
+    events["p"] = rng.integers(0, 2, n)
+    return events
+
+
+def faery_write_dat(path, events, version="dat2", zero_t0=False):
+    faery = pytest.importorskip("faery")
+    out = np.zeros(len(events), faery.EVENTS_DTYPE)
+    out["t"], out["x"], out["y"], out["on"] = events["t"], events["x"], events["y"], \
+        events["p"] > 0
+    faery.file_encoder.events_to_file(iter([out]), path, dimensions=SENSOR, version=version,
+                                      zero_t0=zero_t0)
+    return path
+
+
+def dat_file(path, words, *, lines=("Version 2", "Width 24", "Height 16"), kind=b"\x0c\x08"):
+    """A DAT file of ``words`` (``(t, data)`` pairs), written byte by byte."""
+    text = "".join(f"% {line}\n" for line in lines).encode()
+    path.write_bytes(text + kind + np.asarray(words, "<u4").tobytes())
+    return path
+
+
+@pytest.mark.parametrize("zero_t0", [False, True], ids=["t0 0", "t0 in the header"])
+@pytest.mark.parametrize("version", ["dat2", "dat1"])
+def test_dat_files_written_by_faery_read_back_event_exact_as_faery_reads_them(
+        tmp_path, version, zero_t0):
+    """Across wraps of the 32-bit timestamps, whole and in blocks, with faery's reading
+    (which adds the header's ``% T0``) as the independent one."""
+    faery = pytest.importorskip("faery")
+    events = dat_recording()
+    path = faery_write_dat(tmp_path / "rec.dat", events, version, zero_t0)
+    reader = EventReader(path, block_events=101)
+    assert (reader.format, reader.sensor_size, reader.num_events) == ("dat", SENSOR, len(events))
+    np.testing.assert_array_equal(read_events(path), events)
+    np.testing.assert_array_equal(reader.read(999, 2100), events[999:2100])
+    theirs = np.concatenate(list(faery.file_decoder.Decoder(path)))
+    for ours, field in (("t", "t"), ("x", "x"), ("y", "y"), ("p", "on")):
+        np.testing.assert_array_equal(events[ours].astype(np.int64),
+                                      theirs[field].astype(np.int64))
+
+
+def test_dat_files_equal_expelliarmus_reading(tmp_path):
+    expelliarmus = pytest.importorskip("expelliarmus")
+    events = dat_recording(seed=1)
+    path = faery_write_dat(tmp_path / "rec.dat", events)
+    wizard = expelliarmus.Wizard(encoding="dat")
+    wizard.set_file(str(path))
+    theirs = wizard.read()
+    ours = read_events(path)
+    for field in ("t", "x", "y", "p"):
+        np.testing.assert_array_equal(theirs[field].astype(np.int64),
+                                      ours[field].astype(np.int64))
+
+
+def test_dat_layouts_of_both_versions_bit_by_bit(tmp_path):
+    """Version 2: x and y in 14 bits, the polarity in the top 4; version 1 (older ATIS
+    files): x in 9 bits, y in 8, the polarity in the 4 after them; no version line:
+    version 2."""
+    v2 = (1 << 28) | (13 << 14) | 21
+    out = read_events(dat_file(tmp_path / "v2.dat", [7, v2, 9, (15 << 14) | 3]))
+    assert [tuple(map(int, e)) for e in out] == [(7, 21, 13, 1), (9, 3, 15, 0)]
+    out = read_events(dat_file(tmp_path / "none.dat", [7, v2], lines=("Width 24", "Height 16")))
+    assert [tuple(map(int, e)) for e in out] == [(7, 21, 13, 1)]
+    v1 = (1 << 17) | (13 << 9) | 21
+    out = read_events(dat_file(tmp_path / "v1.dat", [5, v1], lines=("Version 1",),
+                               kind=b"\x00\x08"))
+    assert [tuple(map(int, e)) for e in out] == [(5, 21, 13, 1)]
+
+
+@pytest.mark.parametrize("words, message, position", [
+    ([10, 1, 9, 1], "event 1 has the timestamp 9 us, earlier than event 0's 10 us", 1),
+    ([10, 1, 11, 2 << 28], "event 1 has the polarity p = 2", 1),
+    ([10, 1, 11, 30], r"event 1 has x = 30; expected an integer pixel coordinate in \[0, 24\)",
+     1),
+])
+def test_wrong_dat_events_are_named(tmp_path, words, message, position):
+    """faery 0.7 gives an event that goes back in time the timestamp before it."""
+    with pytest.raises(EventFileError, match=message) as info:
+        read_events(dat_file(tmp_path / "bad.dat", words))
+    assert info.value.position == position
+
+
+@pytest.mark.parametrize("kind, lines, cut, message", [
+    (b"\x0e\x08", ("Version 2",), 0, "holds external trigger events (DAT event type 0x0e), "
+                                     "not pixel events"),
+    (b"\x07\x08", ("Version 2",), 0, "has the DAT event type 0x07; expected 0x00 (Event2d) "
+                                     "or 0x0c (CD)"),
+    (b"\x0c\x10", ("Version 2",), 0, "declares DAT events of 16 bytes; expected 8"),
+    (b"\x0c\x08", ("Version 3",), 0, "is a DAT file of version 3; expected version 1 or 2"),
+    (b"\x0c\x08", ("Version 2",), 3, "its DAT events fill 13 bytes, not a whole number of "
+                                     "8-byte events (a truncated file?)"),
+    (b"", ("Version 2",), 0, "ends inside its DAT header: the event type and size bytes"),
+])
+def test_foreign_and_truncated_dat_files_are_named(tmp_path, kind, lines, cut, message):
+    path = dat_file(tmp_path / "bad.dat", [1, 2, 3, 4], lines=lines, kind=kind)
+    if cut:
+        path.write_bytes(path.read_bytes()[:-cut])
+    elif not kind:
+        path.write_bytes(b"% Version 2\n")
+    with pytest.raises(EventFileError, match=re.escape(f"{path}: {message}")) as info:
+        read_events(path)
+    assert len(str(info.value).split(". ")) == 1
+
+
+# ----------------------------------------------------------------- real recordings
+@pytest.fixture(scope="module")
+def camera_files():
+    from camera_files import fetch
+    return fetch()
+
+
+@pytest.mark.camera_files
+@pytest.mark.parametrize("name, fmt, size", [("gen4.dat", "dat", (1280, 720)),
+                                             ("evt3.raw", "evt3", (1280, 720)),
+                                             ("evt2.raw", "evt2", None)])
+def test_real_recordings_equal_faery_reading(camera_files, name, fmt, size):
+    """A Gen4 DAT file, an EVK4 EVT 3.0 file (10.8 s: no silence across a wrap, which
+    faery reads right) and a Gen3 EVT 2.0 file (its header gives no size), event for
+    event, whole and in blocks."""
+    faery = pytest.importorskip("faery")
+    path = camera_files / name
+    reader = EventReader(path, block_events=50_000)
+    assert (reader.format, reader.sensor_size) == (fmt, size)
+    ours = read_events(path)
+    theirs = np.concatenate(list(faery.file_decoder.Decoder(path)))
+    assert len(ours) == len(theirs) > 100_000
+    for mine, field in (("t", "t"), ("x", "x"), ("y", "y"), ("p", "on")):
+        np.testing.assert_array_equal(ours[mine].astype(np.int64),
+                                      theirs[field].astype(np.int64))
+    np.testing.assert_array_equal(reader.read(len(ours) // 2, len(ours) // 2 + 70_000),
+                                  ours[len(ours) // 2:len(ours) // 2 + 70_000])
