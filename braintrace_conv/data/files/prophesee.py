@@ -45,7 +45,9 @@ recording cut from a camera's stream may start mid-state.
 
 The header is the lines of text starting with ``%`` at the start of the file, up to a
 ``% end`` line (Metavision writes one) or the first line that is not such text: ``faery``
-writes no ``% end``, and its first word may begin with the byte of ``%``.
+writes no ``% end``, and its first word may begin with the byte of ``%``. A ``% T0`` line
+(``faery`` writes one when it shifts a recording to start at 0) gives microseconds added to
+every timestamp, as ``faery`` adds them.
 
 DAT
 ---
@@ -64,8 +66,7 @@ Timestamps have 32 bits and wrap every :math:`2^{32}` µs (71.6 min): a timestam
 than the one before by at least :math:`2^{31}` µs is one wrap (``faery``'s rule), a
 smaller drop is time going backwards, refused by the checks (``faery`` 0.7 gives such an
 event the timestamp before it). A silence of more than :math:`2^{31}` µs cannot be told
-from a wrap. A ``% T0`` line (``faery`` writes one when it shifts a recording to start at
-0) gives microseconds added to every timestamp, as ``faery`` adds them.
+from a wrap.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def _geometry(lines) -> tuple | None:
 
 # --------------------------------------------------------------------------- decoding
 def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
-           block_words: int = 1 << 16) -> Iterator[np.ndarray]:
+           block_words: int = 1 << 16, t0: int = 0) -> Iterator[np.ndarray]:
     """The pixel events of an EVT file, in file order, one array per ``block_words``
     words read (memory: one block; the decoder's state is carried across blocks).
 
@@ -169,6 +170,7 @@ def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
       dtype: Structured dtype of the events yielded, with fields ``t`` (int64 or wider:
         microseconds), ``x``, ``y`` (at least 11 bits) and ``p`` (1 ON, 0 OFF).
       block_words: Words read at a time.
+      t0: Microseconds added to every timestamp (:attr:`Header.t0`).
 
     Raises:
       EventFileError: a word type the format does not define, an event column beyond
@@ -181,6 +183,8 @@ def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
             events = decoder(np.frombuffer(data, word), byte)
         except _WordError as err:
             fail(path, str(err))
+        if t0:
+            events["t"] += t0
         yield events
 
 
@@ -199,7 +203,8 @@ def open_evt(path) -> Layout:
                    f"of {word}-byte words (a truncated file?)")
     return Layout(version, CAMERA_EVENT_DTYPE, header.geometry, None,
                   decode=lambda block: decode(path, version, data_offset=header.data_offset,
-                                              dtype=CAMERA_EVENT_DTYPE, block_words=block))
+                                              dtype=CAMERA_EVENT_DTYPE, block_words=block,
+                                              t0=header.t0))
 
 
 def _undefined(bad: np.ndarray, kind: np.ndarray, byte: int, word_bytes: int,

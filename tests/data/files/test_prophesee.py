@@ -191,6 +191,24 @@ def test_recordings_of_100_s_with_silences_across_wraps_read_back_event_exact(
 
 
 @pytest.mark.parametrize("version", ["evt3", "evt2"])
+def test_the_offset_faery_writes_in_the_header_is_added_as_faery_adds_it(tmp_path, version):
+    """faery's encoder, asked to start a recording at 0, writes ``% T0`` and timestamps
+    from it; its decoder adds it back (10 s: no EVT 3.0 wrap, which faery 0.7 may miss)."""
+    faery = pytest.importorskip("faery")
+    events = recording_with_gaps(crossing=(), seconds=10)
+    out = np.zeros(len(events), faery.EVENTS_DTYPE)
+    out["t"], out["x"], out["y"], out["on"] = events["t"], events["x"], events["y"], \
+        events["p"] > 0
+    path = tmp_path / "zeroed.raw"
+    faery.file_encoder.events_to_file(iter([out]), path, dimensions=SENSOR, version=version,
+                                      zero_t0=True)
+    assert prophesee.read_header(path).t0 == events["t"][0]
+    np.testing.assert_array_equal(read_events(path), events)
+    theirs = np.concatenate(list(faery.file_decoder.Decoder(path)))
+    np.testing.assert_array_equal(theirs["t"].astype(np.int64), events["t"])
+
+
+@pytest.mark.parametrize("version", ["evt3", "evt2"])
 def test_timestamps_past_2_to_the_32_and_the_wrap_of_34_bits(tmp_path, version):
     """Beyond 2^32 us after a silence of more than an hour (EVT 2.0: beyond its own wrap
     at 2^34 us as well)."""
