@@ -43,6 +43,7 @@ from ..._validation import integer
 from .aedat import open_aedat4
 from .common import (CAMERA_EVENT_DTYPE, EventFileError, Layout, event_fields, fail,
                      relay)
+from .nmnist import open_bin
 from .npy import open_npy, open_npz
 from .prophesee import open_dat, open_evt
 
@@ -50,7 +51,7 @@ __all__ = ["CAMERA_EVENT_DTYPE", "EventFileError", "EventReader", "read_events"]
 
 # the reader of each suffix: path -> Layout (common.py)
 _OPENERS = {".npy": open_npy, ".npz": open_npz, ".aedat4": open_aedat4, ".raw": open_evt,
-            ".dat": open_dat}
+            ".dat": open_dat, ".bin": open_bin}
 _BLOCK_EVENTS = 1 << 16
 
 
