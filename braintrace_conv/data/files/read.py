@@ -40,7 +40,7 @@ import numpy as np
 
 from ..._npy_files import NpyFileError
 from ..._validation import integer
-from .aedat import open_aedat4
+from .aedat import open_aedat, open_aedat4
 from .common import (CAMERA_EVENT_DTYPE, EventFileError, Layout, event_fields, fail,
                      relay)
 from .nmnist import open_bin
@@ -50,8 +50,8 @@ from .prophesee import open_dat, open_evt
 __all__ = ["CAMERA_EVENT_DTYPE", "EventFileError", "EventReader", "read_events"]
 
 # the reader of each suffix: path -> Layout (common.py)
-_OPENERS = {".npy": open_npy, ".npz": open_npz, ".aedat4": open_aedat4, ".raw": open_evt,
-            ".dat": open_dat, ".bin": open_bin}
+_OPENERS = {".npy": open_npy, ".npz": open_npz, ".aedat4": open_aedat4, ".aedat": open_aedat,
+            ".raw": open_evt, ".dat": open_dat, ".bin": open_bin}
 _BLOCK_EVENTS = 1 << 16
 
 
