@@ -1,13 +1,23 @@
 """aedat: AEDAT 3.1 (DVS Gesture's files) and AEDAT 2.0 (jAER) read event for event, with
 tonic's readers as the independent ones, timestamp overflows and wraps included, whole and
-block by block; the version taken from the first line; wrong files named."""
+block by block; AEDAT 4.0's damaged headers caught before faery reads them; the version
+taken from the first line; wrong files named."""
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from braintrace_conv.data import CAMERA_EVENT_DTYPE, EventFileError, EventReader, read_events
+from braintrace_conv.data import (
+    CAMERA_EVENT_DTYPE,
+    EventFileError,
+    EventReader,
+    read_events,
+    write_events,
+)
 
 
 def recording(n, size, seed=0, start=1_000_000):
@@ -247,6 +257,65 @@ def test_truncated_aedat2_files_are_named(tmp_path):
     with pytest.raises(EventFileError, match=re.escape(
             f"{path}: its AEDAT 2.0 events fill 21 bytes, not a whole number of 8-byte events")):
         read_events(path)
+
+
+# ----------------------------------------------------------------- AEDAT 4.0 (faery)
+@pytest.fixture(scope="module")
+def aedat4(tmp_path_factory):
+    pytest.importorskip("faery")
+    path = tmp_path_factory.mktemp("aedat4") / "rec.aedat4"
+    return write_events(path, recording(20000, (24, 16), seed=3), sensor_size=(24, 16)).read_bytes()
+
+
+def _damaged(tmp_path, data: bytes, name="damaged.aedat4"):
+    (tmp_path / name).write_bytes(data)
+    return tmp_path / name
+
+
+def _one_ascii_sentence(err, path):
+    message = str(err)
+    assert message.startswith(f"{path}: ") and message.isascii() and message.isprintable()
+    assert len(message.split(". ")) == 1
+
+
+def test_an_aedat4_header_that_is_not_utf8_is_named_not_a_crash(aedat4, tmp_path):
+    """faery 0.7.1 aborts the whole process on such a header: the check before it runs,
+    here in a child process so that a regression cannot take the test run down."""
+    at = aedat4.index(b"<node name=\"0\"")
+    path = _damaged(tmp_path, aedat4[:at] + b"\x9c" + aedat4[at + 1:])
+    code = ("from braintrace_conv.data import read_events, EventFileError\n"
+            f"try:\n    read_events({str(path)!r})\n"
+            "except EventFileError as err:\n    print(err)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "RUST_BACKTRACE": "0"}, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert re.fullmatch(rf"{re.escape(str(path))}: has a damaged AEDAT4 header: its "
+                        r"description is not UTF-8 XML \(.*\)\n", run.stdout)
+
+
+def test_aedat4_errors_relayed_from_faery_are_one_ascii_sentence(aedat4, tmp_path):
+    at = aedat4.index(b'type="string">LZ4')
+    renamed = _damaged(tmp_path, aedat4[:at] + 'type="strïg">LZ4'.encode() +
+                       aedat4[at + len(b'type="string">LZ4'):])
+    with pytest.raises(EventFileError, match=r'unsupported type "str\\xefg"') as info:
+        read_events(renamed)
+    _one_ascii_sentence(info.value, renamed)
+    middle = len(aedat4) // 2
+    scrambled = _damaged(tmp_path, aedat4[:middle] + bytes(64) + aedat4[middle + 64:],
+                         "scrambled.aedat4")
+    with pytest.raises(EventFileError, match=r"cannot be decoded after event \d+, the file "
+                                             r"is damaged or truncated \(RuntimeError: LZ4"):
+        read_events(scrambled)
+    cut = _damaged(tmp_path, aedat4[:middle], "cut.aedat4")
+    with pytest.raises(EventFileError, match=r"is truncated: its AEDAT4 index starts at byte "
+                                             rf"\d+, beyond its {middle} bytes") as info:
+        read_events(cut)
+    _one_ascii_sentence(info.value, cut)
+    for name, data, message in [
+            ("head.aedat4", aedat4[:40], "truncated inside its AEDAT4 header"),
+            ("other.aedat4", b"#!AER-DAT2.0\r\n", "is not an AEDAT4 file")]:
+        with pytest.raises(EventFileError, match=message):
+            read_events(_damaged(tmp_path, data, name))
 
 
 # ----------------------------------------------------------------- which version
