@@ -361,3 +361,17 @@ def test_a_dvs_gesture_file_and_its_labels_stream_as_the_same_events_do(tmp_path
         np.testing.assert_array_equal(targets, targets_npy)
         np.testing.assert_array_equal(weights, weights_npy)
     assert {2, 4} <= set(np.concatenate([t.ravel() for _, (t, _) in chunks[0]]).tolist())
+
+
+@pytest.mark.camera_files
+def test_a_real_davis346_recording_reads_whole_and_in_blocks():
+    """The DAVIS346 recording of faery's sources: as many events as its index declares,
+    in time order, the same whole and in blocks."""
+    pytest.importorskip("faery")
+    from camera_files import fetch
+    path = fetch() / "davis346.aedat4"
+    reader = EventReader(path, block_events=10_000)
+    assert (reader.format, reader.sensor_size) == ("aedat4", (346, 260))
+    events = read_events(path)
+    assert len(events) == reader.num_events > 100_000
+    np.testing.assert_array_equal(reader.read(50_000, 90_000), events[50_000:90_000])
