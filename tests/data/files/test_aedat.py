@@ -373,5 +373,5 @@ def test_a_real_davis346_recording_reads_whole_and_in_blocks():
     reader = EventReader(path, block_events=10_000)
     assert (reader.format, reader.sensor_size) == ("aedat4", (346, 260))
     events = read_events(path)
-    assert len(events) == reader.num_events > 100_000
-    np.testing.assert_array_equal(reader.read(50_000, 90_000), events[50_000:90_000])
+    assert len(events) == reader.num_events > 50_000
+    np.testing.assert_array_equal(reader.read(30_000, 70_000), events[30_000:70_000])
