@@ -379,8 +379,8 @@ _HELD_OUT = Requires('held_out')
 #: The options of ``braintrace-conv stream``, in the order of ``--help``.
 STREAM_OPTIONS = (
     Option('recordings', type=path, nargs='+', metavar='FILE', required=True,
-           help='event files of the training stream (.npy, .npz, .aedat4, .raw), played in '
-                'this order, each labelled by the segments file NAME_labels.csv beside it '
+           help='event files of the training stream (.npy, .npz, .aedat, .aedat4, .raw, .dat, '
+                '.bin), played in this order, each labelled by the segments file NAME_labels.csv beside it '
                 '(DVS Gesture\'s layout) unless --segments names them'),
     Option('segments', type=path, nargs='+', metavar='CSV',
            help='segments files of --recordings, one per recording in the same order '

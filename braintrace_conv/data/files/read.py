@@ -3,27 +3,37 @@ reader that walks a recording in time order, block by block, without loading it.
 
 Formats
 -------
-=============  ===========================================  =====================================
-suffix         format                                       read by
-=============  ===========================================  =====================================
-``.npy``       one structured event array (the library's     numpy, memory-mapped
+=============  ==============================================  ==================================
+suffix         format                                          read by
+=============  ==============================================  ==================================
+``.npy``       one structured event array (the library's        numpy, memory-mapped
                layout, :mod:`~braintrace_conv.data.binning`)
-``.npz``       the same under the key ``events`` (or as the  numpy: memory-mapped when stored,
-               only array)                                   inflated block by block when deflated
-``.aedat4``    AEDAT 4 (iniVation DV), first event track     ``faery`` (extra ``events``)
-``.raw``       Prophesee EVT 2.0 / EVT 3.0 (from the         the library's own decoder
-               header)                                       (``prophesee.py``, numpy)
-=============  ===========================================  =====================================
+``.npz``       the same under the key ``events`` (or as the     numpy: memory-mapped when
+               only array)                                      stored, inflated block by block
+                                                                when deflated
+``.aedat4``    AEDAT 4.0 (iniVation DV), first event track      ``faery`` (extra ``events``)
+``.aedat``     AEDAT 2.0 (jAER: DVS128, DAVIS240, DAVIS346),    the library, in NumPy (AEDAT
+               3.1 (cAER, DVS Gesture) or 4.0, by the first     4.0: ``faery``)
+               line
+``.raw``       Prophesee EVT 2.0 / EVT 3.0 (from the header)    the library, in NumPy
+``.dat``       Prophesee DAT, versions 1 and 2 (Gen1 and Gen4   the library, in NumPy
+               automotive, N-CARS)
+``.bin``       N-MNIST / N-Caltech101 (40-bit ATIS events)      the library, in NumPy
+=============  ==============================================  ==================================
 
 Events come back as numpy structured arrays with a timestamp ``t`` in microseconds, pixel
 coordinates ``x`` (and ``y``) and a polarity ``p`` (1: ON, brightness increase; 0 or -1:
-OFF). ``.npy``/``.npz`` files keep their stored dtype; camera files give
-:data:`CAMERA_EVENT_DTYPE`. AEDAT4 needs an extra (``pip install
+OFF). ``.npy``/``.npz`` files keep their stored dtype; the other formats give
+:data:`CAMERA_EVENT_DTYPE`. AEDAT 4.0 needs an extra (``pip install
 "braintrace_conv[events]"``); the guide page *Streams and camera files* gives the
-measurements behind the choice of ``faery``, and why EVT files are decoded here: faery
-0.7's EVT 3.0 decoder misses counter wraps after silences, and its EVT 2.0 decoder hides a
-timestamp that goes backwards. Timestamps of EVT files are counted on across their
-counters' wraps (rule in :mod:`~braintrace_conv.data.files.prophesee`).
+measurements behind the choice of ``faery``, and why the other formats are decoded here:
+faery 0.7's EVT 3.0 decoder misses counter wraps after silences, and its EVT 2.0 and DAT
+decoders hide a timestamp that goes backwards. Each format's module says how its
+timestamps are counted on across their counters' wraps:
+:mod:`~braintrace_conv.data.files.prophesee` (EVT, DAT),
+:mod:`~braintrace_conv.data.files.aedat` (AEDAT) and
+:mod:`~braintrace_conv.data.files.nmnist` (``.bin``). Every decoder reads one block at a
+time, vectorised, and every block is checked as it is read.
 
 Every event that is read is checked: timestamps finite, non-negative and never going
 backwards, coordinates non-negative integers inside the sensor (when the file or the caller
@@ -150,12 +160,13 @@ class EventReader:
 
     Attributes:
       path: The file.
-      format: ``'npy'``, ``'npz'``, ``'aedat4'``, ``'evt2'`` or ``'evt3'``.
+      format: ``'npy'``, ``'npz'``, ``'aedat2'``, ``'aedat3'`` (3.1), ``'aedat4'``,
+        ``'evt2'``, ``'evt3'``, ``'dat'`` or ``'nmnist'`` (``.bin``).
       dtype: The dtype of the events read (stored, or :data:`CAMERA_EVENT_DTYPE`).
       sensor_size: ``(W, H)`` (or ``(X,)``) from the header or ``sensor_size``; ``None``
         when neither gives it.
-      num_events: Number of events when the file says so without being decoded (all
-        formats but EVT), else ``None``.
+      num_events: Number of events when the file says so without being decoded
+        (``.npy``, ``.npz``, DAT, AEDAT 4.0 with its index), else ``None``.
 
     Raises:
       EventFileError: an unknown suffix, a foreign, truncated or damaged file, or a file
@@ -316,8 +327,8 @@ def read_events(path, *, sensor_size: tuple | None = None) -> np.ndarray:
     :class:`~braintrace_conv.data.EventStream`.
 
     Args:
-      path: A ``.npy``, ``.npz``, ``.aedat4`` or Prophesee ``.raw`` (EVT 2.0 / 3.0) file
-        (module docstring).
+      path: An event file of a format of the module docstring (``.npy``, ``.npz``,
+        ``.aedat``, ``.aedat4``, ``.raw``, ``.dat``, ``.bin``).
       sensor_size: ``(W, H, P)`` in tonic's order, to check coordinates against (camera
         files carry their own and must agree).
 
