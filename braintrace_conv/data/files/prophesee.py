@@ -207,14 +207,16 @@ def open_evt(path) -> Layout:
                                               t0=header.t0))
 
 
-def _undefined(bad: np.ndarray, kind: np.ndarray, byte: int, word_bytes: int,
-               name: str) -> None:
-    """Raise for the first word ``bad`` marks (a type the format does not define)."""
+def _undefined(bad: np.ndarray, at: np.ndarray | None, kind: np.ndarray, byte: int,
+               word_bytes: int, name: str) -> None:
+    """Raise for the first word ``bad`` marks, a type the format does not define (``bad``
+    marks the words ``at``, or every word when ``None``)."""
     if bad.any():
         i = int(np.argmax(bad))
-        at = byte + i * word_bytes
-        raise _WordError(f"byte {at} holds a word of type {int(kind[i]):#x}, which "
-                             f"{name} does not define (a damaged file, or not {name} data)")
+        i = i if at is None else int(at[i])
+        raise _WordError(f"byte {byte + i * word_bytes} holds a word of type "
+                         f"{int(kind[i]):#x}, which {name} does not define (a damaged file, "
+                         f"or not {name} data)")
 
 
 _UNKNOWN = -(1 << 62)   # a state not known yet: far below any timestamp or column
@@ -234,10 +236,10 @@ def _latest(at_state: np.ndarray, values: np.ndarray, at: np.ndarray, carried,
         # few state words: each value repeated over the words up to the next one
         before = np.searchsorted(at, at_state, side="right")
         return np.repeat(with_carried, np.diff(before, prepend=0, append=len(at)))
-    if is_state is None:
-        is_state = np.zeros(int(at[-1]) + 1, bool)
-        is_state[at_state[at_state <= at[-1]]] = True
-    # many: the number of state words up to each word, counted in one pass
+    if is_state is None or 32 * len(at) < len(is_state):
+        # few words asked about: bisect the state words' positions
+        return np.take(with_carried, np.searchsorted(at_state, at, side="right"))
+    # many of both: the number of state words up to each word, counted in one pass
     seen = np.take(np.cumsum(is_state, dtype=np.int32), at, mode="clip")
     return np.take(with_carried, seen, mode="clip")
 
@@ -251,7 +253,7 @@ class _Evt2Decoder:
 
     def __call__(self, words: np.ndarray, byte: int) -> np.ndarray:
         kind = words >> 28
-        _undefined((kind - 2 <= 5) | (kind == 9), kind, byte, 4, "EVT 2.0")  # 0x2-0x7, 0x9
+        _undefined((kind - 2 <= 5) | (kind == 9), None, kind, byte, 4, "EVT 2.0")  # 0x2-0x7, 0x9
         is_high = kind == 8
         at = np.flatnonzero(kind <= 1)
         at_high = np.flatnonzero(is_high)
@@ -291,113 +293,164 @@ class _Evt3Decoder:
 
     def __call__(self, words: np.ndarray, byte: int) -> np.ndarray:
         kind = words >> 12
-        _undefined(kind & 7 == 1, kind, byte, 2, "EVT 3.0")     # 0x1 and 0x9
-        payload = words & 0xFFF
+        # the words that are rare in a recording, found in one pass: TIME_HIGH, the
+        # vectors and their base (VECT_BASE_X, VECT_12, VECT_8: 3 to 5, unsigned), and
+        # the types EVT 3.0 does not define (0x1, 0x9)
+        rare = np.flatnonzero((kind - 3 <= 2) | (kind == 8) | (kind & 7 == 1))
+        rare_kind = np.take(kind, rare)
+        _undefined(rare_kind & 7 == 1, rare, kind, byte, 2, "EVT 3.0")
+        vectors = bool((rare_kind != 8).any())
         is_single = kind == 2
-        vectors = bool((kind - 3 <= 2).any())  # VECT_BASE_X, VECT_12, VECT_8 (unsigned)
         at = np.flatnonzero(is_single | (kind >> 1 == 2)) if vectors else \
             np.flatnonzero(is_single)
         settled = self.time is not None and self.y is not None
-        t = self._times(kind, payload, at)
+        t = self._times(kind, words, at, rare[rare_kind == 8])
         is_y = kind == 0
-        at_y = np.flatnonzero(is_y)
-        rows = np.take(payload, at_y) & 0x7FF
-        y = _latest(at_y, rows, at, self.y, is_y)
+        rows = np.compress(is_y, words) & 0x7FF  # compress: 5x faster than words[is_y]
+        y = _filled(is_y, rows, at, self.y)
         self.y = int(rows[-1]) if len(rows) else self.y
-        address = np.take(payload, at)
-        events = np.empty(len(at), self.dtype)   # one per event word; vectors below
-        events["t"], events["x"], events["y"], events["p"] = t, address & 0x7FF, y, \
-            address >> 11
+        address = np.take(words, at)
+        x, p = address & 0x7FF, (address >> 11) & 1   # one per event word; vectors below
         # events before the time and row are known are dropped (at the file's start)
         keep = None if settled else (t >= 0) & (y >= 0)
         if vectors:
-            return self._vectors(kind, payload, at, events, keep, byte)
-        return events if keep is None else events[keep]
+            return self._with_vectors(words, at, rare, rare_kind, t, x, y, p, keep, byte)
+        if keep is not None:
+            t, y, x, p = t[keep], y[keep], x[keep], p[keep]
+        return self._events(t, x, y, p)
 
-    def _times(self, kind: np.ndarray, payload: np.ndarray, at: np.ndarray) -> np.ndarray:
+    def _events(self, t, x, y, p) -> np.ndarray:
+        events = np.empty(len(t), self.dtype)
+        events["t"], events["x"], events["y"], events["p"] = t, x, y, p
+        return events
+
+    def _times(self, kind: np.ndarray, words: np.ndarray, at: np.ndarray,
+               at_high: np.ndarray) -> np.ndarray:
         """Timestamps (us) of the words ``at``; negative before the first TIME_HIGH."""
         is_time = kind == 6                      # TIME_LOW, and below TIME_HIGH changes
-        at_high = np.flatnonzero(kind == 8)
         changes, highs = at_high, np.zeros(0, np.int64)
         if len(at_high):
             unwrapped, changed, self.high, self.loops = unwrap(
-                payload[at_high].astype(np.int64), self.high, self.loops, 12)
+                (np.take(words, at_high) & 0xFFF).astype(np.int64), self.high, self.loops, 12)
             changes, highs = at_high[changed], unwrapped[changed] << 12
             is_time[changes] = True
-        at_time = np.flatnonzero(is_time)
+        seen = np.cumsum(is_time, dtype=np.int32)
         # the time base after each time word: the latest high part at or before it, plus
         # the low part (0 at a change of the high part)
-        values = _latest(changes, highs, at_time, self.time_high)
-        values += np.take(payload, at_time)
+        values = (np.compress(is_time, words) & 0xFFF).astype(np.int64)
         if len(changes):
-            at_changes = np.searchsorted(at_time, changes)
-            values[at_changes] = highs
-        if len(highs):
+            ordinals = np.take(seen, changes) - 1
+            values += _runs(ordinals, highs, len(values), self.time_high)
+            values[ordinals] = highs
             self.time_high = int(highs[-1])
-        t = _latest(at_time, values, at, self.time, is_time)
+        else:
+            values += _UNKNOWN if self.time_high is None else self.time_high
+        t = np.take(_table(values, self.time), np.take(seen, at))
         if len(values) and values[-1] >= 0:
             self.time = int(values[-1])
         return t
 
-    def _vectors(self, kind, payload, at, events, keep, byte):
-        """``events`` (one per word of ``at``, those ``keep`` marks) with each vector
-        word's event replaced by its events: the base column plus each set bit of its
-        mask, at the base's polarity (none before the first base column)."""
-        vector = np.flatnonzero(kind[at] != 2)   # the vector words, as indices into at
-        at_vector = at[vector]
-        at_base = np.flatnonzero(kind == 3)
-        bases = payload[at_base].astype(np.int64)
-        is_12 = kind[at_vector] == 4
+    def _with_vectors(self, words, at, rare, rare_kind, t, x, y, p, keep, byte):
+        """The events of the event words ``at`` (their ``t``, ``x``, ``y``, ``p``; those
+        ``keep`` marks), each vector word's replaced by its events: the base column plus
+        each set bit of its mask, at the base's polarity (none before the first base
+        column)."""
+        at_vector = rare[(rare_kind == 4) | (rare_kind == 5)]
+        vector = np.searchsorted(at, at_vector)  # the vector words, as indices into at
+        at_base = rare[rare_kind == 3]
+        bases = np.take(words, at_base).astype(np.int64) & 0xFFF
+        payload = np.take(words, at_vector)
+        is_12 = payload >> 12 == 4
         # columns the vectors before each vector word (and after it) moved the base on
         moved = np.zeros(len(vector) + 1, np.int64)
         np.cumsum(np.where(is_12, 12, 8), out=moved[1:])
         moved_at_base = _latest(at_vector, moved[1:], at_base, 0)
-        is_base = kind == 3
-        base_x = _latest(at_base, (bases & 0x7FF) - moved_at_base, at_vector, self.base_x,
-                         is_base) + moved[:-1]
-        base_p = _latest(at_base, bases >> 11, at_vector, self.base_p, is_base)
+        base_x = _latest(at_base, (bases & 0x7FF) - moved_at_base, at_vector,
+                         self.base_x) + moved[:-1]
+        base_p = _latest(at_base, bases >> 11, at_vector, self.base_p)
         if len(at_base):
             self.base_x = int(bases[-1] & 0x7FF) + int(moved[-1] - moved_at_base[-1])
             self.base_p = int(bases[-1] >> 11)
         elif self.base_x is not None:
             self.base_x += int(moved[-1])
-        valid = (payload[at_vector] & np.where(is_12, 0xFFF, 0xFF)).astype("<u2")
+        valid = (payload & np.where(is_12, 0xFFF, 0xFF)).astype("<u2")
         valid[base_x < 0] = 0                    # vectors before the first base column
         if keep is not None:
             valid[~keep[vector]] = 0
-        single = np.ones(len(at), bool) if keep is None else keep.copy()
-        single[vector] = False
         last = base_x + self._TOP_BIT[valid]
         if last.max(initial=0) > 0x7FF:
             i = int(np.argmax(last > 0x7FF))
             at_byte = byte + 2 * int(at_vector[i])
             raise _WordError(f"byte {at_byte} puts an event at column {int(last[i])}, "
-                                 "beyond EVT 3.0's 2048 (a damaged file)")
-        # the vector words' events, in order: which word, which bit of its mask
+                             "beyond EVT 3.0's 2048 (a damaged file)")
+        # the vectors' events, in order: which vector, which bit of its mask (nonzero is
+        # fast on bool)
+        per_vector = self._BIT_COUNT[valid]
         bits = np.flatnonzero(np.unpackbits(valid.view(np.uint8), bitorder="little")
-                              .view(bool))       # nonzero is fast on bool, slow on uint8
-        word = bits >> 4
-        # every event's record, gathered once from the event words' records and the
-        # vectors' (records moved as raw bytes: numpy copies structured ones field by
-        # field, slowly); a vector's column is its base plus the bit
-        template = np.take(events, vector)
-        template["x"], template["p"] = np.maximum(base_x, 0), np.maximum(base_p, 0)
-        counts = self._BIT_COUNT[valid]
-        per_word = single.astype(np.int64)
-        per_word[vector] = counts
-        first = np.cumsum(per_word) - per_word
-        source = np.empty(int(per_word.sum()), np.int64)
-        source[first[single]] = np.flatnonzero(single)
-        at_vector_events = np.take(first[vector] - (np.cumsum(counts) - counts), word) \
-            + np.arange(len(word))
-        source[at_vector_events] = len(at) + word
-        offset = np.zeros(len(source), events.dtype["x"])
-        offset[at_vector_events] = bits & 15
-        record = np.dtype((np.void, self.dtype.itemsize))
-        out = np.take(np.concatenate([events.view(record), template.view(record)]),
-                      source).view(self.dtype)
-        out["x"] += offset
-        return out
+                              .view(bool))
+        which = bits >> 4
+        expanded = self._events(np.take(np.take(t, vector), which),
+                                np.take(base_x, which) + (bits & 15),
+                                np.take(np.take(y, vector), which),
+                                np.take(base_p, which))
+        events = self._events(t, x, y, p).view(_record(self.dtype))
+        expanded = expanded.view(events.dtype)
+        if keep is None and len(vector) <= 256:
+            # few vectors: the runs of single events between them, and their events
+            parts, start, first = [], 0, 0
+            for word, count in zip(vector.tolist(), per_vector.tolist()):
+                parts += [events[start:word], expanded[first:first + count]]
+                start, first = word + 1, first + count
+            parts.append(events[start:])
+            return np.concatenate(parts).view(self.dtype)
+        # many: every event put in its place at once
+        counts = np.ones(len(at), np.intp) if keep is None else keep.astype(np.intp)
+        counts[vector] = per_vector
+        first = np.cumsum(counts) - counts       # where each word's events start
+        single = counts == 1
+        single[vector] = False
+        out = np.empty(int(counts.sum()), events.dtype)
+        at_single = np.flatnonzero(single)
+        np.put(out, np.take(first, at_single), np.take(events, at_single))
+        before = np.cumsum(per_vector) - per_vector
+        rank = np.arange(len(expanded)) - np.repeat(before, per_vector)
+        np.put(out, np.repeat(np.take(first, vector), per_vector) + rank, expanded)
+        return out.view(self.dtype)
+
+
+def _record(dtype: np.dtype) -> np.dtype:
+    """Records of ``dtype`` as raw bytes: numpy moves structured records field by field,
+    many times slower than it moves their bytes."""
+    return np.dtype((np.void, dtype.itemsize))
+
+
+def _table(values: np.ndarray, carried) -> np.ndarray:
+    """``values`` after ``carried`` (``None``: :data:`_UNKNOWN`): the state before the
+    block's first state word, then after each."""
+    table = np.empty(len(values) + 1, np.int64)
+    table[0] = _UNKNOWN if carried is None else carried
+    table[1:] = values
+    return table
+
+
+def _filled(is_state: np.ndarray, values: np.ndarray, at: np.ndarray, carried) -> np.ndarray:
+    """For each word position of ``at``: the value of the latest state word at or before
+    it (``is_state`` marks them, ``values`` are theirs in order), else ``carried``."""
+    return np.take(_table(values, carried), np.take(np.cumsum(is_state, dtype=np.int32), at))
+
+
+def _runs(starts: np.ndarray, values: np.ndarray, length: int, carried) -> np.ndarray:
+    """An array of ``length`` holding ``values[k]`` from ``starts[k]`` to the next start
+    (``carried``, or :data:`_UNKNOWN`, before the first): few runs are filled slice by
+    slice, many repeated."""
+    if len(starts) > 64:
+        counts = np.diff(starts, prepend=0, append=length)
+        return np.repeat(_table(values, carried), counts)
+    out = np.empty(length, np.int64)
+    out[:starts[0]] = _UNKNOWN if carried is None else carried
+    for start, stop, value in zip(starts, [*starts[1:], length], values):
+        out[start:stop] = value
+    return out
 
 
 # --------------------------------------------------------------------------- DAT

@@ -120,6 +120,18 @@ def test_the_decoders_equal_the_word_by_word_reference_whatever_the_blocks(tmp_p
             np.fromfile(evt2, "<u4", offset=len(header("evt2")))), (seed, trial)
 
 
+def test_blocks_of_many_vectors_equal_the_word_by_word_reference(tmp_path):
+    """Blocks with hundreds of vector words, whose events the decoder puts in place in one
+    pass rather than run by run."""
+    rng = np.random.default_rng(7)
+    words = random_evt3_words(rng, 6000)
+    assert ((words >> 12) - 4 <= 1).sum() > 1000
+    path = write_words(tmp_path / "vectors.raw", "evt3", words)
+    expected = reference_evt3(words)
+    for block in (4096, 1000, 300):
+        assert decoded(path, "evt3", block) == expected, block
+
+
 # ----------------------------------------------------------------- long recordings
 SHORT_GAPS = (1_000, 4_999, 5_000, 100_000, 1_000_000)           # silences, microseconds
 LONG_GAPS = (8_400_000, 8_500_000, 16_000_000, 1 << 24, 20_000_000)
