@@ -2,14 +2,15 @@
 
 A recording of ``--events`` events on a 128 x 128 sensor (timestamps rising at about
 one event per microsecond, random pixels and polarities) is written once as AEDAT4 (LZ4,
-faery's default), EVT3 and EVT2, then read by every reader that can read that format,
-each run in a fresh process so that its peak memory is its own:
+faery's default), EVT3, EVT2 and DAT, then read by every reader that can read that
+format, each run in a fresh process so that its peak memory is its own:
 
-* ``faery`` (AEDAT4, EVT2, EVT3; also writes them),
+* ``faery`` (AEDAT4, EVT2, EVT3, DAT; also writes them),
 * ``aedat`` (AEDAT4 only),
-* ``expelliarmus`` (EVT2, EVT3; tonic's dependency),
-* ``prophesee``: the library's own EVT2/EVT3 decoder
-  (:func:`braintrace_conv.data.files.prophesee.decode`) alone, to compare with faery's,
+* ``expelliarmus`` (EVT2, EVT3, DAT; tonic's dependency),
+* ``prophesee``: the library's own EVT2/EVT3 and DAT decoders
+  (:func:`braintrace_conv.data.files.prophesee.decode`, ``decode_dat``) alone, to compare
+  with faery's,
 * ``braintrace_conv``: :class:`~braintrace_conv.data.EventReader` block by block and
   :func:`~braintrace_conv.data.read_events` (faery underneath for AEDAT4, the decoder
   above for EVT, plus the checks of every event and the conversion to
@@ -31,6 +32,7 @@ process's CPU time (less moved by other work on a shared machine).
     python benchmarks/event_readers.py                  # 20 million events, 3 rounds
     python benchmarks/event_readers.py --events 2000000 --repeats 1
     python benchmarks/event_readers.py --silences       # timestamps past many EVT3 wraps
+    python benchmarks/event_readers.py --readers faery prophesee --formats EVT3 EVT2
 
 Needs faery; aedat and expelliarmus are left out when not installed (``pip install faery
 aedat expelliarmus``). Prints a Markdown table and writes JSON (default
@@ -55,10 +57,10 @@ from results_file import default_path, write_results  # noqa: E402
 
 SENSOR = (128, 128)
 FORMATS = {'AEDAT4': 'recording.aedat4', 'EVT3': 'recording_evt3.raw',
-           'EVT2': 'recording_evt2.raw', 'npy': 'recording.npy'}
-READERS = {'faery': ('AEDAT4', 'EVT3', 'EVT2'), 'aedat': ('AEDAT4',),
-           'expelliarmus': ('EVT3', 'EVT2'), 'prophesee': ('EVT3', 'EVT2'),
-           'braintrace_conv': ('AEDAT4', 'EVT3', 'EVT2', 'npy')}
+           'EVT2': 'recording_evt2.raw', 'DAT': 'recording.dat', 'npy': 'recording.npy'}
+READERS = {'faery': ('AEDAT4', 'EVT3', 'EVT2', 'DAT'), 'aedat': ('AEDAT4',),
+           'expelliarmus': ('EVT3', 'EVT2', 'DAT'), 'prophesee': ('EVT3', 'EVT2', 'DAT'),
+           'braintrace_conv': ('AEDAT4', 'EVT3', 'EVT2', 'DAT', 'npy')}
 SILENCES_US = (1_000, 5_000, 100_000, 1_000_000, 8_500_000, 20_000_000)
 SILENCE_EVERY = 100_000
 
@@ -85,10 +87,10 @@ def write_files(folder: str, n: int, silences: bool) -> None:
     blocks = lambda: (events[i:i + 65536] for i in range(0, n, 65536))
     faery.file_encoder.events_to_file(blocks(), os.path.join(folder, FORMATS['AEDAT4']),
                                       dimensions=SENSOR)
-    for version in ('EVT3', 'EVT2'):
+    for version in ('EVT3', 'EVT2', 'DAT'):
         faery.file_encoder.events_to_file(blocks(), os.path.join(folder, FORMATS[version]),
-                                          dimensions=SENSOR, version=version.lower(),
-                                          zero_t0=False)
+                                          dimensions=SENSOR, zero_t0=False,
+                                          version='dat2' if version == 'DAT' else version.lower())
     from braintrace_conv.data import write_events
     ours = np.zeros(n, [('t', '<i8'), ('x', '<u2'), ('y', '<u2'), ('p', 'u1')])
     for field in ('t', 'x', 'y', 'p'):
@@ -108,8 +110,12 @@ def _packets(reader: str, path: str, fmt: str):
         from braintrace_conv.data import CAMERA_EVENT_DTYPE
         from braintrace_conv.data.files import prophesee
         header = prophesee.read_header(path)
-        yield from prophesee.decode(path, header.version, data_offset=header.data_offset,
-                                    dtype=CAMERA_EVENT_DTYPE)
+        if fmt == 'DAT':           # version 2, after the event type and size bytes
+            yield from prophesee.decode_dat(path, 2, data_offset=header.data_offset + 2,
+                                            dtype=CAMERA_EVENT_DTYPE)
+        else:
+            yield from prophesee.decode(path, header.version, data_offset=header.data_offset,
+                                        dtype=CAMERA_EVENT_DTYPE)
     elif reader == 'aedat':
         import aedat
         for packet in aedat.Decoder(path):
@@ -181,6 +187,10 @@ def main():
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--silences', action='store_true',
                         help='pause after every 100,000 events (module docstring)')
+    parser.add_argument('--readers', nargs='+', choices=READERS, default=list(READERS),
+                        help='the readers to run (default: all that are installed)')
+    parser.add_argument('--formats', nargs='+', choices=FORMATS, default=list(FORMATS),
+                        help='the formats to read (default: all)')
     parser.add_argument('--out', default=None)
     parser.add_argument('--child', nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -197,7 +207,8 @@ def main():
         if missing:
             print(f'not installed, left out: {", ".join(missing)}', file=sys.stderr)
         cases = [(reader, fmt, mode) for reader, fmts in READERS.items() for fmt in fmts
-                 for mode in ('packets', 'array') if reader not in missing]
+                 for mode in ('packets', 'array')
+                 if reader not in missing and reader in args.readers and fmt in args.formats]
         runs = {case: [] for case in cases}
         for _ in range(args.repeats):
             for reader, fmt, mode in cases:
