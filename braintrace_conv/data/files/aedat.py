@@ -55,7 +55,7 @@ from xml.etree import ElementTree
 import numpy as np
 
 from .common import (CAMERA_EVENT_DTYPE, EventFileError, Layout, fail, header_lines,
-                     import_faery, one_line, records, relay, unwrap)
+                     import_faery, one_line, record_blocks, relay, unwrap)
 
 __all__ = ["SENSOR_SIZES"]
 
@@ -206,7 +206,7 @@ def _open_aedat2(path: Path) -> Layout:
 
     def decode(block: int) -> Iterator[np.ndarray]:
         previous, loops = None, 0
-        for byte, data in records(path, data_offset, 8, block, "event"):
+        for byte, data in record_blocks(path, data_offset, 8, block, "event"):
             words = np.frombuffer(data, ">u4")
             t, _, previous, loops = unwrap(words[1::2].astype(np.int64), previous, loops, 32)
             pixel, column, row, polarity = addresses(words[0::2])

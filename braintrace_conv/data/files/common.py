@@ -116,8 +116,8 @@ def header_lines(path, marker: bytes, end: str | None = None) -> tuple[list, int
     return lines, offset
 
 
-def records(path, data_offset: int, record_bytes: int, count: int,
-            what: str) -> Iterator[tuple[int, bytes]]:
+def record_blocks(path, data_offset: int, record_bytes: int, count: int,
+                  what: str) -> Iterator[tuple[int, bytes]]:
     """``(byte, data)``: the file from ``data_offset`` on, ``count`` records of
     ``record_bytes`` at a time (memory: one block), ``byte`` where ``data`` starts. A last
     record cut short is an :class:`EventFileError` naming its byte and ``what`` a record
@@ -133,6 +133,12 @@ def records(path, data_offset: int, record_bytes: int, count: int,
                            f"{record_bytes} bytes are there (a truncated file?)")
             yield byte, data
             byte += len(data)
+
+
+def raw_records(events: np.ndarray) -> np.ndarray:
+    """A contiguous event array viewed as raw records: numpy copies structured records
+    field by field, some 50 times slower than it copies their bytes."""
+    return events.view(np.dtype((np.void, events.dtype.itemsize)))
 
 
 def unwrap(values: np.ndarray, previous, loops: int, bits: int):

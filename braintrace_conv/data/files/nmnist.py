@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import CAMERA_EVENT_DTYPE, Layout, fail, records
+from .common import CAMERA_EVENT_DTYPE, Layout, fail, record_blocks
 
 __all__ = ["EVENT_BYTES", "decode"]
 
@@ -48,7 +48,7 @@ def decode(path, *, dtype: np.dtype = CAMERA_EVENT_DTYPE,
       EventFileError: a last event cut short (named by its byte).
     """
     overflows = 0
-    for _, data in records(path, 0, EVENT_BYTES, block_events, "event"):
+    for _, data in record_blocks(path, 0, EVENT_BYTES, block_events, "event"):
         raw = np.frombuffer(data, np.uint8).reshape(-1, EVENT_BYTES)
         marker = raw[:, 1] == _OVERFLOW_ROW
         before = np.cumsum(marker) + overflows

@@ -77,7 +77,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import CAMERA_EVENT_DTYPE, Layout, fail, header_lines, records, unwrap
+from .common import (CAMERA_EVENT_DTYPE, Layout, fail, header_lines, raw_records, record_blocks,
+                     unwrap)
 
 __all__ = ["Header", "WORD_BYTES", "decode", "decode_dat", "read_header"]
 
@@ -178,7 +179,7 @@ def decode(path, version: str, *, data_offset: int, dtype: np.dtype,
     """
     decoder = {"evt2": _Evt2Decoder, "evt3": _Evt3Decoder}[version](np.dtype(dtype))
     word = np.dtype("<u4" if version == "evt2" else "<u2")
-    for byte, data in records(path, data_offset, word.itemsize, block_words, "word"):
+    for byte, data in record_blocks(path, data_offset, word.itemsize, block_words, "word"):
         try:
             events = decoder(np.frombuffer(data, word), byte)
         except _WordError as err:
@@ -393,8 +394,7 @@ class _Evt3Decoder:
                                 np.take(base_x, which) + (bits & 15),
                                 np.take(np.take(y, vector), which),
                                 np.take(base_p, which))
-        events = self._events(t, x, y, p).view(_record(self.dtype))
-        expanded = expanded.view(events.dtype)
+        events, expanded = raw_records(self._events(t, x, y, p)), raw_records(expanded)
         if keep is None and len(vector) <= 256:
             # few vectors: the runs of single events between them, and their events
             parts, start, first = [], 0, 0
@@ -416,12 +416,6 @@ class _Evt3Decoder:
         rank = np.arange(len(expanded)) - np.repeat(before, per_vector)
         np.put(out, np.repeat(np.take(first, vector), per_vector) + rank, expanded)
         return out.view(self.dtype)
-
-
-def _record(dtype: np.dtype) -> np.dtype:
-    """Records of ``dtype`` as raw bytes: numpy moves structured records field by field,
-    many times slower than it moves their bytes."""
-    return np.dtype((np.void, dtype.itemsize))
 
 
 def _table(values: np.ndarray, carried) -> np.ndarray:
@@ -478,7 +472,7 @@ def decode_dat(path, version: int, *, data_offset: int, dtype: np.dtype,
     """
     x_bits, y_bits, p_shift = _DAT_LAYOUTS[version]
     previous, loops = None, 0
-    for _, data in records(path, data_offset, 8, block_events, "event"):
+    for _, data in record_blocks(path, data_offset, 8, block_events, "event"):
         words = np.frombuffer(data, "<u4")
         t, _, previous, loops = unwrap(words[0::2].astype(np.int64), previous, loops, 32)
         address = words[1::2]

@@ -52,7 +52,7 @@ from ..._npy_files import NpyFileError
 from ..._validation import integer
 from .aedat import open_aedat, open_aedat4
 from .common import (CAMERA_EVENT_DTYPE, EventFileError, Layout, event_fields, fail,
-                     relay)
+                     raw_records, relay)
 from .nmnist import open_bin
 from .npy import open_npy, open_npz
 from .prophesee import open_dat, open_evt
@@ -75,22 +75,16 @@ def _open(path: Path) -> Layout:
 
 
 # --------------------------------------------------------------------------- checks
-def _records(events: np.ndarray) -> np.ndarray:
-    """A contiguous event array viewed as raw records: numpy copies structured records
-    field by field, some 50 times slower than it copies their bytes."""
-    return events.view(np.dtype((np.void, events.dtype.itemsize)))
-
-
 def _copy(events: np.ndarray) -> np.ndarray:
     """A fresh copy of a contiguous event array, made as raw records."""
-    return np.array(_records(events)).view(events.dtype)
+    return np.array(raw_records(events)).view(events.dtype)
 
 
 def _joined(parts: list, dtype: np.dtype) -> np.ndarray:
     """The event arrays ``parts`` (of ``dtype``) one after the other."""
     if not parts:
         return np.zeros(0, dtype)
-    return np.concatenate([_records(p) for p in parts]).view(dtype)
+    return np.concatenate([raw_records(p) for p in parts]).view(dtype)
 
 
 def _first(mask: np.ndarray) -> int:
@@ -356,7 +350,7 @@ def read_events(path, *, sensor_size: tuple | None = None) -> np.ndarray:
         if offset + len(block) > len(events):
             fail(reader.path, f"holds more events than the {len(events)} its index "
                                "declares (a damaged file?)", offset)
-        _records(events)[offset:offset + len(block)] = _records(block)
+        raw_records(events)[offset:offset + len(block)] = raw_records(block)
         filled = offset + len(block)
     if filled != len(events):
         fail(reader.path, f"holds {filled} events, fewer than the {len(events)} its index "
