@@ -64,6 +64,8 @@ __all__ = ["SENSOR_SIZES"]
 SENSOR_SIZES = {"dvs128": (128, 128), "tmpdiff128": (128, 128), "davis240": (240, 180),
                 "davis346": (346, 260)}
 
+
+# --------------------------------------------------------------------------- AEDAT 4.0
 def _aedat4_blocks(path: Path) -> Iterator[np.ndarray]:
     faery = import_faery(path, "AEDAT4")
     decoder = faery.file_decoder.Decoder(path, file_type="aedat")
@@ -72,7 +74,6 @@ def _aedat4_blocks(path: Path) -> Iterator[np.ndarray]:
         events["t"], events["x"], events["y"] = packet["t"], packet["x"], packet["y"]
         events["p"] = packet["p"]
         yield events
-
 
 
 def open_aedat4(path: Path) -> Layout:
@@ -137,8 +138,6 @@ def _check_aedat4_header(path: Path) -> None:
     if index > path.stat().st_size:
         fail(path, f"is truncated: its AEDAT4 index starts at byte {index}, beyond its "
                     f"{path.stat().st_size} bytes")
-
-
 
 
 # --------------------------------------------------------------------------- .aedat

@@ -14,6 +14,7 @@ from numpy.lib import format as npy_format
 from ..._npy_files import npy_entries, npy_header
 from .common import Layout, event_fields, fail
 
+
 def _npz_entry(path: Path) -> tuple[str, tuple, np.dtype]:
     """``(name, shape, dtype)`` of the event array of an ``.npz`` file."""
     entries = {name: (shape, dtype) for name, shape, dtype in npy_entries(path)}
@@ -55,8 +56,6 @@ def _deflated_npz_blocks(path: Path, name: str, dtype, block: int) -> Iterator[n
         _skip_npy_header(entry)
         while data := entry.read(block * dtype.itemsize):
             yield np.frombuffer(data, dtype=dtype)
-
-
 
 
 def open_npy(path: Path) -> Layout:
