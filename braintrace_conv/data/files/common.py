@@ -149,11 +149,14 @@ def unwrap(values: np.ndarray, previous, loops: int, bits: int):
     before = np.empty_like(values)
     before[:1] = values[:1] if previous is None else previous
     before[1:] = values[:-1]
-    wraps = np.cumsum(before - values >= 1 << (bits - 1)) + loops
+    wrapped = before - values >= 1 << (bits - 1)
     changed = values != before
     if previous is None:
         changed[:1] = True
-    return (wraps << bits) + values, changed, int(values[-1]), int(wraps[-1])
+    if not wrapped.any():                        # the common case: no wrap in the block
+        return values + (loops << bits), changed, int(values[-1]), loops
+    wraps = np.cumsum(wrapped, dtype=np.int32) + loops    # bool to int32: numpy's fast sum
+    return (wraps.astype(np.int64) << bits) + values, changed, int(values[-1]), int(wraps[-1])
 
 
 def one_line(err: BaseException) -> str:
