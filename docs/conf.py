@@ -54,6 +54,7 @@ apimodule_order = [
     'braintrace_conv.nn.surrogate',
     'braintrace_conv.data',
     'braintrace_conv.data.encoders',
+    'braintrace_conv.data.transforms',
     'braintrace_conv.data.files.aedat',
     'braintrace_conv.data.files.nmnist',
     'braintrace_conv.data.files.prophesee',

@@ -27,6 +27,10 @@ Sources
 :func:`events_to_frames`
     Binning of recorded events in tonic's structured-array format, any
     spatial rank, by time window, number of bins or event count.
+:mod:`~braintrace_conv.data.transforms`
+    Event transforms applied before binning, in datasets and streams alike: downsample,
+    crop, refractory period, denoise, polarity merge (tonic's rules), so a large camera
+    is binned only at the size the network takes.
 :func:`from_tonic`, :func:`from_directory`, :func:`stream_tonic`, :func:`stream_directory`
     Labelled collections of recordings, in memory or streamed.
 :mod:`~braintrace_conv.data.encoders`
@@ -49,13 +53,13 @@ Long recordings
 
 Where things live
 -----------------
-``files/`` (event files: read, write, one module per format), ``binning.py`` (events to
-frames), ``datasets/`` (labelled samples, in memory or binned on demand), ``streams/``
+``files/`` (event files: read, write, one module per format), ``transforms.py`` (events
+to events, before binning), ``binning.py`` (events to frames), ``datasets/`` (labelled samples, in memory or binned on demand), ``streams/``
 (recordings played endlessly, with their segments), ``tasks/`` (generated data sets and
 recordings) and ``encoders.py`` (spike encoders for static inputs). Every public name is
 re-exported here.
 """
-from . import encoders
+from . import encoders, transforms
 from .binning import events_to_frames
 from .datasets import (EventDataset, FrameDataset, StreamingEventDataset, from_directory,
                        from_tonic, load_event_file, stream_directory, stream_tonic)
@@ -101,6 +105,7 @@ __all__ = [
     "stream_directory",
     "stream_tonic",
     "synthetic_shd",
+    "transforms",
     "write_events",
     "write_segments",
 ]

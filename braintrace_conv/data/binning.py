@@ -25,9 +25,11 @@ convention; tonic orders channels by the value of ``p`` instead (OFF
 first). With ``P = 1`` every event goes to the single channel, and all
 events must share one polarity value, as tonic requires.
 
-:class:`Binning` holds the validated binning keywords; :func:`events_to_frames` and the
-loaders of :mod:`~braintrace_conv.data.datasets.sources` share it, the loaders checking the
-keywords once before reading any file.
+:class:`Binning` holds the validated binning keywords (with the event transforms of
+:mod:`~braintrace_conv.data.transforms` to apply first, if any); :func:`events_to_frames`,
+the loaders of :mod:`~braintrace_conv.data.datasets.sources` and
+:class:`~braintrace_conv.data.EventStream` share it, the loaders checking the keywords once
+before reading any file.
 """
 
 from __future__ import annotations
@@ -118,34 +120,58 @@ def _polarity_channel(polarity: np.ndarray, n_polarities: int) -> np.ndarray:
     return np.where(polarity > 0, 0, 1)
 
 
+def checked_sensor_size(sensor_size) -> tuple:
+    """``sensor_size`` as a tuple of ints in tonic's order: 1 to 3 positive extents, then
+    the number of polarity channels, 1 or 2."""
+    try:
+        size = tuple(sensor_size)
+    except TypeError:
+        size = ()
+    if not 2 <= len(size) <= 4:
+        raise TypeError(
+            "sensor_size must be (X, P), (X, Y, P) or (X, Y, Z, P) as in tonic "
+            f"(extents, then the number of polarities), got {sensor_size!r}"
+        )
+    size = tuple(
+        integer(f"sensor_size[{i}]", s, sign="positive") for i, s in enumerate(size)
+    )
+    if size[-1] > 2:
+        raise ValueError(
+            f"sensor_size[-1] (polarities) must be 1 or 2, got {size[-1]}"
+        )
+    return size
+
+
+def _add_counts(frames: np.ndarray, cells: np.ndarray) -> None:
+    """Add one to ``frames.flat[c]`` for every flat index ``c`` of ``cells`` (repeats
+    count), in place, also where ``frames`` is a strided view; the events are sorted, so
+    memory is that of the events, never of the frames."""
+    cells, counts = np.unique(cells, return_counts=True)
+    frames[np.unravel_index(cells, frames.shape)] += counts
+
+
 @dataclasses.dataclass(frozen=True)
 class Binning:
-    """Validated arguments of ``events_to_frames``; calling it bins events."""
+    """Validated arguments of ``events_to_frames``; calling it bins events.
+
+    ``frame_sensor_size`` is the sensor size of the frames: ``sensor_size``, or that of
+    the ``transforms``' output."""
 
     sensor_size: tuple
     n_time_bins: int | None = None
     time_window_us: float | None = None
     event_count: int | None = None
     t_start_us: float | None = None
+    transforms: object = None
+    frame_sensor_size: tuple = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        try:
-            size = tuple(self.sensor_size)
-        except TypeError:
-            size = ()
-        if not 2 <= len(size) <= 4:
-            raise TypeError(
-                "sensor_size must be (X, P), (X, Y, P) or (X, Y, Z, P) as in tonic "
-                f"(extents, then the number of polarities), got {self.sensor_size!r}"
-            )
-        size = tuple(
-            integer(f"sensor_size[{i}]", s, sign="positive") for i, s in enumerate(size)
-        )
-        if size[-1] > 2:
-            raise ValueError(
-                f"sensor_size[-1] (polarities) must be 1 or 2, got {size[-1]}"
-            )
-        object.__setattr__(self, "sensor_size", size)
+        object.__setattr__(self, "sensor_size", checked_sensor_size(self.sensor_size))
+        from .transforms import compose      # transforms use this module's checks
+
+        object.__setattr__(self, "transforms", compose(self.transforms))
+        object.__setattr__(self, "frame_sensor_size", self.sensor_size if self.transforms is
+                           None else self.transforms.output_size(self.sensor_size))
         if self.time_window_us is not None and self.event_count is not None:
             raise ValueError("give at most one of time_window_us and event_count")
         if (self.n_time_bins, self.time_window_us, self.event_count) == (None,) * 3:
@@ -165,8 +191,9 @@ class Binning:
     @classmethod
     def from_keywords(cls, sensor_size, keywords: dict) -> Binning:
         """``events -> frames`` for the binning keywords of ``events_to_frames``
-        (``n_time_bins``, ``time_window_us``, ``event_count``, ``t_start_us``)."""
-        names = [f.name for f in dataclasses.fields(cls)][1:]
+        (``n_time_bins``, ``time_window_us``, ``event_count``, ``t_start_us``,
+        ``transforms``)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.init][1:]
         unknown = sorted(set(keywords) - set(names))
         if unknown:
             raise TypeError(f"unknown binning keyword(s) {unknown}; expected some of {names}")
@@ -214,9 +241,11 @@ class Binning:
             bins[bins >= n_bins] = -1
         return bins, n_bins
 
-    def __call__(self, events: np.ndarray) -> np.ndarray:
+    def _cells(self, events: np.ndarray) -> tuple[np.ndarray, int, tuple]:
+        """The flat index into ``(T, P, *spatial)`` frames of every binned event, ``T`` and
+        ``(P, *spatial)``, for events of a sensor of ``frame_sensor_size``."""
         rank = _spatial_rank(events)
-        extents, n_polarities = _sensor_extents(self.sensor_size, rank)
+        extents, n_polarities = _sensor_extents(self.frame_sensor_size, rank)
         t = events["t"]
         if not np.issubdtype(t.dtype, np.number) or np.issubdtype(
             t.dtype, np.complexfloating
@@ -230,12 +259,34 @@ class Binning:
         for name, extent in zip(_SPATIAL_FIELDS[rank - 1 :: -1], extents):
             index = index * extent + _integer_coordinates(events[name], name, extent)
         bins, n_bins = self._bins(t)
-        frame_size = n_polarities * int(np.prod(extents))
+        frame = (n_polarities, *extents)
         valid = bins >= 0
-        counts = np.bincount(
-            bins[valid] * frame_size + index[valid], minlength=n_bins * frame_size
-        )
-        return counts.astype(np.float32).reshape((n_bins, n_polarities) + extents)
+        return bins[valid] * int(np.prod(frame)) + index[valid], n_bins, frame
+
+    def _transformed(self, events: np.ndarray) -> np.ndarray:
+        return events if self.transforms is None else self.transforms(
+            events, sensor_size=self.sensor_size)
+
+    def __call__(self, events: np.ndarray) -> np.ndarray:
+        cells, n_bins, frame = self._cells(self._transformed(events))
+        shape = (n_bins, *frame)
+        size = int(np.prod(shape))
+        if len(cells) * 8 >= size:          # many events per cell: one pass over the frames
+            return np.bincount(cells, minlength=size).astype(np.float32).reshape(shape)
+        frames = np.zeros(shape, np.float32)
+        _add_counts(frames, cells)
+        return frames
+
+    def add_to(self, frames: np.ndarray, events: np.ndarray) -> None:
+        """Add the counts of ``events`` (of a sensor of ``frame_sensor_size``: already
+        transformed) to ``frames`` ``(n_time_bins, P, *spatial)``, float32, in place (a
+        strided view is fine): a stream bins block after block into one chunk this way,
+        without a frame-sized temporary."""
+        cells, n_bins, frame = self._cells(events)
+        if frames.shape != (n_bins, *frame):
+            raise ValueError(f"frames of shape {frames.shape} cannot hold {n_bins} bins of "
+                             f"{frame}")
+        _add_counts(frames, cells)
 
 
 def events_to_frames(
@@ -246,6 +297,7 @@ def events_to_frames(
     time_window_us: float | None = None,
     event_count: int | None = None,
     t_start_us: float | None = None,
+    transforms=None,
 ) -> np.ndarray:
     """Bin a structured event array into dense frames of event counts.
 
@@ -289,12 +341,16 @@ def events_to_frames(
       time_window_us: Width of each time bin, microseconds.
       event_count: Number of events per bin.
       t_start_us: Start of the first bin, microseconds; default the earliest event.
+      transforms: Event transforms applied before binning
+        (:mod:`~braintrace_conv.data.transforms`: a transform or a sequence of them,
+        e.g. ``[Denoise(window_us=10_000), Downsample(factor=1 / 8)]``); ``sensor_size``
+        is then the recording's, and the frames have the transformed sensor's size.
 
     Returns:
       float32 event counts of shape ``(T, P, *spatial)`` with ``spatial``
-      the sensor extents in reverse order: ``(T, P, X)``, ``(T, P, Y, X)``
-      or ``(T, P, Z, Y, X)``. With no events, ``T = n_time_bins`` zero
-      frames, or ``T = 0`` without ``n_time_bins``.
+      the sensor extents (after ``transforms``) in reverse order: ``(T, P, X)``,
+      ``(T, P, Y, X)`` or ``(T, P, Z, Y, X)``. With no events, ``T = n_time_bins``
+      zero frames, or ``T = 0`` without ``n_time_bins``.
 
     Raises:
       ValueError: No binning or ``time_window_us`` with ``event_count``; a
@@ -309,4 +365,5 @@ def events_to_frames(
         time_window_us=time_window_us,
         event_count=event_count,
         t_start_us=t_start_us,
+        transforms=transforms,
     )(events)

@@ -11,8 +11,9 @@ or streamed, binned per batch with a bounded cache (:func:`stream_tonic`,
 
 Every function takes the binning keywords of
 :func:`~braintrace_conv.data.events_to_frames` (``n_time_bins``,
-``time_window_us``, ``event_count``, ``t_start_us``); all samples of a
-dataset need the same number of time steps, so give ``n_time_bins``.
+``time_window_us``, ``event_count``, ``t_start_us``, and the event
+``transforms`` applied first); all samples of a dataset need the same number
+of time steps, so give ``n_time_bins``.
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def from_tonic(
       indices: Samples to convert, in this order; all samples if None.
       name: Dataset name; defaults to the class name of ``dataset``.
       **binning: ``n_time_bins``, ``time_window_us``, ``event_count``, ``t_start_us``
-        of :func:`events_to_frames`; e.g. ``n_time_bins=T`` divides every
-        recording into ``T`` equal bins.
+        and ``transforms`` of :func:`events_to_frames`; e.g. ``n_time_bins=T`` divides
+        every recording into ``T`` equal bins, ``transforms=[Downsample(factor=0.5)]``
+        halves the frames (:mod:`~braintrace_conv.data.transforms`).
 
     Returns:
       ``events`` float32 ``(N, T, *frame_shape)`` with the frame layout of
@@ -323,7 +325,7 @@ def stream_directory(
       name: Dataset name; defaults to the directory name.
       cache_size: Samples whose frames stay in memory (LRU).
       **binning: ``n_time_bins``, ``time_window_us``, ``event_count``, ``t_start_us``
-        of :func:`events_to_frames`.
+        and ``transforms`` of :func:`events_to_frames`.
 
     Returns:
       ``sources`` the file paths, ``class_names`` the sub-directory names.

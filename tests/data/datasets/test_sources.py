@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from braintrace_conv.data import events_to_frames, from_directory, from_tonic, stream_directory
+from braintrace_conv.data.transforms import CenterCrop, Downsample, RefractoryPeriod
 
 EVENT_DTYPE = np.dtype([("x", np.int64), ("y", np.int64), ("t", np.int64), ("p", np.int64)])
 
@@ -105,6 +106,25 @@ class TestFromDirectory:
             np.testing.assert_array_equal(
                 ds.events[i], events_to_frames(events, sensor_size=SENSOR, n_time_bins=2)
             )
+
+    def test_transforms_are_applied_to_every_sample_before_binning(self, tmp_path):
+        steps = [RefractoryPeriod(period_us=60), Downsample(factor=0.5)]
+        samples = fake_samples()
+        for name, (events, _) in zip(("a", "b", "c"), samples):
+            (tmp_path / name).mkdir()
+            np.save(tmp_path / name / "s.npy", np.sort(events, order="t"))
+        ds = stream_directory(tmp_path, sensor_size=SENSOR, n_time_bins=2, transforms=steps)
+        assert ds.frame_shape == (2, 1, 2)
+        frames = ds.to_memory().events
+        for i, (events, _) in enumerate(samples):
+            np.testing.assert_array_equal(frames[i], events_to_frames(
+                np.sort(events, order="t"), sensor_size=SENSOR, n_time_bins=2,
+                transforms=steps))
+        tonic_ds = from_tonic(FakeTonicDataset(samples), n_time_bins=2, transforms=steps)
+        assert tonic_ds.events.shape == (3, 2, 2, 1, 2)
+        with pytest.raises(ValueError, match=re.escape("size must fit the sensor (3, 2)")):
+            stream_directory(tmp_path, sensor_size=SENSOR, n_time_bins=2,
+                             transforms=CenterCrop(4))
 
     def test_validation(self, tmp_path):
         with pytest.raises(ValueError, match="existing directory"):
