@@ -11,6 +11,7 @@ import pytest
 
 import braintrace_conv as bc
 from braintrace_conv.data import EventStream, gesture_recordings
+from braintrace_conv.data.transforms import Denoise, RefractoryPeriod
 from braintrace_conv.training import (CURVE_NAME, LAST_CHECKPOINT, METRICS_NAME, SCALARS_NAME,
                                       CheckpointError, ConfigMismatchError, Trainer, checkpoint,
                                       logs, run_dir)
@@ -100,6 +101,28 @@ def test_an_interrupted_run_resumes_bit_for_bit(recordings, tmp_path):
         assert table[0] == list(STREAM_COLUMNS)
         return [row[:-3] for row in table[1:]]              # not the rates and times
     assert rows(tmp_path / 'a') == rows(tmp_path / 'b') and len(rows(tmp_path / 'a')) == 5
+
+
+def test_an_interrupted_run_with_stateful_transforms_resumes_bit_for_bit(recordings, tmp_path):
+    """Denoise and refractory state is not in the checkpoint: the resumed stream rebuilds it
+    from the events before the position, so the run ends as the uninterrupted one."""
+    transforms = [Denoise(window_us=20_000), RefractoryPeriod(period_us=15_000)]
+    kwargs = dict(checkpoint_every=3, max_steps=8 * CHUNK, progress=False)
+    straight = trainer().fit_stream(stream(recordings[0], transforms=transforms),
+                                    out_dir=tmp_path / 'a', **kwargs)
+    cut = stream(recordings[0], Interrupted, transforms=transforms)
+    cut.stop_at = 5                             # after the checkpoint of chunk 3
+    with pytest.raises(KeyboardInterrupt):
+        trainer().fit_stream(cut, out_dir=tmp_path / 'b', **kwargs)
+    resumed = trainer().fit_stream(stream(recordings[0], transforms=transforms),
+                                   out_dir=tmp_path / 'b', resume=True, **kwargs)
+    a, meta_a = checkpoint.read(tmp_path / 'a' / LAST_CHECKPOINT)
+    b, meta_b = checkpoint.read(tmp_path / 'b' / LAST_CHECKPOINT)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert meta_a == meta_b and resumed == straight
+    plain = sum(int(f.sum()) for f, _ in zip((f for f, _ in stream(recordings[0])), range(8)))
+    assert 0 < straight['events'] < plain                    # the transforms dropped some
 
 
 def test_a_larger_max_steps_extends_a_run_as_if_it_had_run_straight_on(recordings, tmp_path):

@@ -36,12 +36,25 @@ With ``loop=True`` streams never end (a stream of its own recording restarts it;
 playlist stream keeps wrapping). The hidden state of a network is meant to carry across
 recording boundaries, as across chunks.
 
+Transforms
+----------
+With ``transforms`` (:mod:`~braintrace_conv.data.transforms`: downsample, crop,
+refractory period, denoise, polarity merge), every block of events read is transformed
+before it is counted into the chunk, so frames are built only at the transformed size
+(a 1280 x 720 camera streamed at 160 x 90 builds 160 x 90 frames). The state of the
+stateful ones runs on across blocks and chunks as if each recording were transformed
+whole.
+
 Resuming
 --------
 :meth:`EventStream.position` is plain JSON-able data; :meth:`EventStream.seek` on a stream
 built with the same arguments continues with exactly the chunks an uninterrupted iteration
-would have given, bit for bit. Memory does not grow with the steps seen: a stream holds
-one block of events per recording it is in and the chunk it builds, nothing of the past.
+would have given, bit for bit. The position holds no state of the transforms: where a
+stream starts or resumes in the middle of a recording, the events of the transforms'
+look-back window before that step are run through them first, which rebuilds their state
+exactly. Memory does not grow with the steps seen: a stream holds one block of events per
+recording it is in, the transforms' state (a timestamp per pixel of the camera for each
+stateful transform) and the chunk it builds, nothing of the past.
 """
 
 from __future__ import annotations
@@ -56,6 +69,7 @@ import numpy as np
 from ..._validation import integer
 from ..binning import Binning
 from ..files.read import EventReader
+from ..transforms import BoundTransform, compose
 from .segments import Segments, read_segments
 
 __all__ = ["EventStream", "Recording", "find_recordings"]
@@ -161,11 +175,12 @@ class _Plan:
 
 @dataclasses.dataclass
 class _Live:
-    """The open file of a stream: its remaining blocks, and the events read but not yet
-    binned."""
+    """The open file of a stream: its remaining blocks, the events read but not yet
+    binned, and the transforms with their state (``None`` without transforms)."""
 
     blocks: Iterator
     carry: np.ndarray
+    transforms: BoundTransform | None
 
 
 @dataclasses.dataclass
@@ -230,6 +245,12 @@ class EventStream:
         played by ``B`` streams from evenly spaced offsets.
       loop: Never end (module docstring).
       block_events: Events read from a file at a time.
+      transforms: Event transforms applied to every block of events before it is binned
+        (:mod:`~braintrace_conv.data.transforms`: a transform or a sequence of them);
+        ``sensor_size`` is the recordings', the frames have the transformed size. Their
+        state (refractory, denoise) runs on across blocks and chunks of a recording, as if
+        it were transformed whole, and is rebuilt where a stream starts or resumes
+        (module docstring of :mod:`~braintrace_conv.data.transforms`).
 
     Yields:
       ``(frames, (labels, weights))``: float32 ``(K, B, P, H, W)``, int32 ``(K, B)``,
@@ -237,7 +258,8 @@ class EventStream:
 
     Attributes:
       batch_size: ``B``.
-      frame_shape: ``(P, H, W)``.
+      sensor_size: The recordings' ``(W, H, P)``.
+      frame_shape: ``(P, H, W)`` of the frames (after ``transforms``).
       num_steps: Steps each stream plays before it ends (the longest, for one stream per
         recording); ``None`` with ``loop=True``.
       last_segments: int64 ``(K, B)``: the segment (numbered across all recordings in
@@ -254,7 +276,7 @@ class EventStream:
 
     def __init__(self, recordings: Sequence, *, sensor_size: tuple, dt_us: int,
                  chunk_steps: int, num_classes: int, batch_size: int | None = None,
-                 loop: bool = False, block_events: int = 1 << 16):
+                 loop: bool = False, block_events: int = 1 << 16, transforms=None):
         recordings = [r if isinstance(r, Recording) else Recording(r) for r in recordings]
         if not recordings:
             raise ValueError("recordings is empty; give at least one Recording")
@@ -265,7 +287,10 @@ class EventStream:
         self.sensor_size = Binning(sensor_size=sensor_size, n_time_bins=1).sensor_size
         if len(self.sensor_size) != 3:
             raise ValueError(f"sensor_size must be (W, H, P) for a camera, got {sensor_size!r}")
-        self.frame_shape = (self.sensor_size[2], self.sensor_size[1], self.sensor_size[0])
+        self.transforms = compose(transforms)
+        self._frame_sensor = (self.sensor_size if self.transforms is None else
+                              self.transforms.output_size(self.sensor_size))
+        self.frame_shape = tuple(self._frame_sensor[::-1])
         self.loop = bool(loop)
         self._block = integer("block_events", block_events, sign="positive")
         self._plans = self._make_plans(recordings)
@@ -333,11 +358,14 @@ class EventStream:
 
     # ------------------------------------------------------------------ position
     def _config(self) -> dict:
-        return {"dt_us": self.dt_us, "chunk_steps": self.chunk_steps,
-                "sensor_size": list(self.sensor_size), "batch_size": self.batch_size,
-                "loop": self.loop, "starts": list(self._starts),
-                "recordings": [[p.path.name, p.path.stat().st_size, p.num_steps]
-                               for p in self._plans]}
+        config = {"dt_us": self.dt_us, "chunk_steps": self.chunk_steps,
+                  "sensor_size": list(self.sensor_size), "batch_size": self.batch_size,
+                  "loop": self.loop, "starts": list(self._starts),
+                  "recordings": [[p.path.name, p.path.stat().st_size, p.num_steps]
+                                 for p in self._plans]}
+        if self.transforms is not None:     # absent without: positions saved before resume
+            config["transforms"] = [repr(t) for t in self.transforms.transforms]
+        return config
 
     def position(self) -> dict:
         """Where the streams are, after the last chunk yielded: JSON-able data for
@@ -419,12 +447,17 @@ class EventStream:
             if not self.loop:
                 span = min(span, self._remaining(b))
             t0 = plan.origin_us + cursor.step * self.dt_us
-            events = self._take(b, t0 + span * self.dt_us)
             part = slice(filled, filled + span)
-            frames[part] = self._bin(plan, events, span, t0, cursor.event)
+            binning = Binning(sensor_size=self._frame_sensor, time_window_us=self.dt_us,
+                              n_time_bins=span, t_start_us=t0)
+            for events in self._take(b, t0 + span * self.dt_us):
+                transforms = self._live[b].transforms
+                self._bin(plan, binning, frames[part],
+                          events if transforms is None else transforms(events),
+                          cursor.event, len(events))
+                cursor.event += len(events)
             labels[part], weights[part], segments[part] = plan.targets(cursor.step, span,
                                                                        self.dt_us)
-            cursor.event += len(events)
             cursor.step += span
             cursor.steps_done += span
             filled += span
@@ -437,35 +470,54 @@ class EventStream:
         cursor.recording, cursor.event, cursor.step = following, 0, 0
         self._live[b] = None
 
-    def _take(self, b: int, t_end_us: int) -> np.ndarray:
-        """Stream ``b``'s next events before ``t_end_us``; later ones stay for the next
-        call (at most one block of them)."""
+    def _open(self, b: int) -> _Live:
+        """Stream ``b``'s file, read from its cursor on, with the transforms' state of a
+        stream that played the recording from its start: the events of the transforms'
+        look-back window before the cursor's step are run through them first."""
+        cursor = self._cursors[b]
+        plan = self._plans[cursor.recording]
+        reader = self._reader(plan.path)
+        transforms = (None if self.transforms is None else
+                      self.transforms.bind(self.sensor_size))
+        start = cursor.event
+        if transforms is not None and transforms.lookback_us and cursor.event:
+            start = min(cursor.event, reader.seek_time(
+                plan.origin_us + cursor.step * self.dt_us - transforms.lookback_us))
+        blocks = (events for _, events in reader.blocks(start))
+        carry = np.zeros(0, reader.dtype)
+        while start < cursor.event:       # the window before the cursor: state only
+            events = next(blocks)
+            before = min(len(events), cursor.event - start)
+            transforms(events[:before])
+            carry, start = events[before:], start + before
+        return _Live(blocks, carry, transforms)
+
+    def _take(self, b: int, t_end_us: int) -> Iterator[np.ndarray]:
+        """Stream ``b``'s next events before ``t_end_us``, in parts of at most a block;
+        later ones stay for the next call (at most one block of them)."""
         if self._live[b] is None:
-            cursor = self._cursors[b]
-            reader = self._reader(self._plans[cursor.recording].path)
-            self._live[b] = _Live((events for _, events in reader.blocks(cursor.event)),
-                                  np.zeros(0, reader.dtype))
+            self._live[b] = self._open(b)
         live = self._live[b]
-        parts = []
         while True:
             if not len(live.carry):
                 following = next(live.blocks, None)
                 if following is None:
-                    break
+                    return
                 live.carry = following
             cut = int(np.searchsorted(live.carry["t"], t_end_us, side="left"))
-            parts.append(live.carry[:cut])
-            live.carry = live.carry[cut:]
+            part, live.carry = live.carry[:cut], live.carry[cut:]
+            if len(part):
+                yield part
             if len(live.carry):
-                break
-        return np.concatenate(parts) if parts else live.carry[:0]
+                return
 
-    def _bin(self, plan: _Plan, events: np.ndarray, span: int, t0: int, first: int):
-        binning = Binning(sensor_size=self.sensor_size, time_window_us=self.dt_us,
-                          n_time_bins=span, t_start_us=t0)
+    def _bin(self, plan: _Plan, binning: Binning, frames: np.ndarray, events: np.ndarray,
+             first: int, count: int) -> None:
+        """Add ``events`` to ``frames``: those the transforms kept of the ``count`` events
+        from event ``first`` of the file on."""
         try:
-            return binning(events)
+            binning.add_to(frames, events)
         except (ValueError, TypeError) as err:
             kind = TypeError if isinstance(err, TypeError) else ValueError
-            raise kind(f"{plan.path}, events {first} to {first + len(events) - 1}: "
+            raise kind(f"{plan.path}, events {first} to {first + count - 1}: "
                        f"{err}") from None

@@ -20,6 +20,8 @@ from braintrace_conv.data import (
     write_events,
     write_segments,
 )
+from braintrace_conv.data.transforms import (CenterCrop, Compose, Denoise, Downsample,
+                                             MergePolarities, RefractoryPeriod)
 
 SENSOR = (12, 8, 2)
 DT = 1000
@@ -163,6 +165,87 @@ def test_memory_does_not_grow_with_the_steps_seen(recordings):
     peak(5)
     early, late = peak(30), peak(300)      # 300 chunks: the recordings looped ~10 times
     assert late < 1.5 * early
+
+
+# ----------------------------------------------------------------------------- transforms
+#: Stateful transforms at the camera's pixels, then a smaller grid: 12 x 8 -> 6 x 4 x 1.
+TRANSFORMS = [Denoise(window_us=1500), RefractoryPeriod(period_us=800), Downsample(factor=0.5),
+              MergePolarities()]
+
+
+def test_transformed_streams_equal_the_binning_of_each_whole_recording_transformed(recordings):
+    folder, events, segments = recordings
+    s = stream(folder, transforms=TRANSFORMS)
+    assert s.frame_shape == (1, 4, 6) and s.sensor_size == SENSOR
+    (frames, _, _, _), _ = collect(s)
+    for b, (ev, seg) in enumerate(zip(events, segments)):
+        origin = min(ev["t"][0], seg.start_us[0])
+        whole = events_to_frames(ev, sensor_size=SENSOR, time_window_us=DT, transforms=TRANSFORMS,
+                                 n_time_bins=len(frames), t_start_us=origin)
+        np.testing.assert_array_equal(frames[:, b], whole)
+        assert 0 < whole.sum() < len(ev)                 # the transforms dropped some events
+
+
+def test_transformed_playlist_streams_that_start_mid_recording_rebuild_the_state(recordings):
+    """Streams 1 and 2 start in the middle of a recording, with the transforms' state that
+    playing it from its start gives: each stream is stream 0 shifted."""
+    folder, _, _ = recordings
+    s = stream(folder, batch_size=3, transforms=TRANSFORMS)
+    (frames, _, _, _), _ = collect(s)
+    total = s.num_steps
+    for b in (1, 2):
+        np.testing.assert_array_equal(frames[:, b], np.roll(frames[:, 0], -(b * total // 3), 0))
+
+
+@pytest.mark.parametrize("batch_size, loop", [(None, False), (3, False), (2, True)])
+def test_a_transformed_stream_resumes_bit_for_bit(recordings, batch_size, loop):
+    """The position holds no state of the transforms: a resumed stream rebuilds it from the
+    events of their look-back window, whatever the blocks it reads."""
+    folder, _, _ = recordings
+    options = dict(batch_size=batch_size, loop=loop, chunk_steps=37, transforms=TRANSFORMS)
+    uninterrupted = stream(folder, **options)
+    chunks = [frames for frames, _ in zip((f for f, _ in uninterrupted), range(30))]
+    for cut in (1, 5, 11):
+        resumed = stream(folder, **dict(options, block_events=97))
+        replay = stream(folder, **options)
+        for _ in zip(range(cut), replay):
+            pass
+        resumed.seek(json.loads(json.dumps(replay.position())))
+        assert resumed.position() == replay.position()
+        for expected, (f, _) in zip(chunks[cut:], resumed):
+            assert expected.tobytes() == f.tobytes()
+
+
+def test_a_position_of_a_stream_with_other_transforms_is_refused(recordings):
+    folder, _, _ = recordings
+    position = stream(folder, transforms=TRANSFORMS).position()
+    with pytest.raises(ValueError, match=re.escape("position was saved for a stream with "
+                                                   "transforms=['Denoise(window_us=1500)'")):
+        stream(folder, transforms=TRANSFORMS[1:]).seek(position)
+    assert "transforms" not in stream(folder).position()["config"]  # as before transforms
+
+
+def test_a_large_camera_streamed_small_never_builds_a_full_size_frame(tmp_path):
+    """1280 x 720 at 160 x 90: a chunk's allocations stay near the reduced chunk's size, far
+    below one full-size frame (7 MiB); the benchmark benchmarks/camera.py measures it on a
+    real recording."""
+    rng = np.random.default_rng(7)
+    n = 60_000
+    events = np.zeros(n, CAMERA_EVENT_DTYPE)
+    events["t"] = np.sort(rng.integers(0, 2_000_000, n))
+    events["x"], events["y"] = rng.integers(0, 1280, n), rng.integers(0, 720, n)
+    events["p"] = rng.integers(0, 2, n)
+    write_events(tmp_path / "camera.npy", events)
+    s = iter(EventStream([tmp_path / "camera.npy"], sensor_size=(1280, 720, 2), dt_us=10_000,
+                         chunk_steps=50, num_classes=1, block_events=4096,
+                         transforms=[Downsample(factor=1 / 8), CenterCrop((128, 90))]))
+    next(s)
+    tracemalloc.start()
+    frames, _ = next(s)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert frames.shape == (50, 1, 2, 90, 128)
+    assert peak < 1.5 * frames.nbytes < 1280 * 720 * 2 * 4
 
 
 def test_per_step_labels(tmp_path):
