@@ -244,7 +244,11 @@ class EventStream:
       batch_size: ``None``: one stream per recording; ``B``: the recordings as one playlist
         played by ``B`` streams from evenly spaced offsets.
       loop: Never end (module docstring).
-      block_events: Events read from a file at a time.
+      block_events: Events read from a file at a time: what a stream holds besides its
+        chunk is one block per stream and the temporaries of transforming and binning it
+        (about 50 bytes per event): with the default, a chunk of 0.5 s of a 1280 x 720
+        camera streamed at 160 x 90 (5.5 MiB) is built with 7% more memory than it holds
+        (``benchmarks/camera.py``).
       transforms: Event transforms applied to every block of events before it is binned
         (:mod:`~braintrace_conv.data.transforms`: a transform or a sequence of them);
         ``sensor_size`` is the recordings', the frames have the transformed size. Their
@@ -276,7 +280,7 @@ class EventStream:
 
     def __init__(self, recordings: Sequence, *, sensor_size: tuple, dt_us: int,
                  chunk_steps: int, num_classes: int, batch_size: int | None = None,
-                 loop: bool = False, block_events: int = 1 << 16, transforms=None):
+                 loop: bool = False, block_events: int = 1 << 13, transforms=None):
         recordings = [r if isinstance(r, Recording) else Recording(r) for r in recordings]
         if not recordings:
             raise ValueError("recordings is empty; give at least one Recording")

@@ -237,7 +237,7 @@ def test_a_large_camera_streamed_small_never_builds_a_full_size_frame(tmp_path):
     events["p"] = rng.integers(0, 2, n)
     write_events(tmp_path / "camera.npy", events)
     s = iter(EventStream([tmp_path / "camera.npy"], sensor_size=(1280, 720, 2), dt_us=10_000,
-                         chunk_steps=50, num_classes=1, block_events=4096,
+                         chunk_steps=50, num_classes=1,
                          transforms=[Downsample(factor=1 / 8), CenterCrop((128, 90))]))
     next(s)
     tracemalloc.start()
