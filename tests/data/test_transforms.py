@@ -251,3 +251,42 @@ def test_events_outside_the_sensor_are_named():
     with pytest.raises(ValueError, match=r"coordinate fields \['x', 'y'\] do not fit "
                                          r"sensor_size \(40, 2\)"):
         MergePolarities()(events, sensor_size=(40, 2))
+
+
+# ----------------------------------------------------------------------------- a real camera
+@pytest.mark.camera_files
+def test_the_evk4_recording_transformed_and_streamed_equals_tonic_on_the_whole_file(tonic):
+    """faery's EVK4 recording (1280 x 720, 1.2 M events): tonic's transforms on the whole
+    file give the events of ours, and a stream at 160 x 90 gives the frames of binning them,
+    also where it resumes (python3 tests/camera_files.py fetches it; run with -m
+    camera_files)."""
+    from camera_files import fetch
+
+    from braintrace_conv.data import EventStream, read_events
+
+    path = fetch() / "evt3.raw"
+    events = read_events(path)
+    camera = (1280, 720, 2)
+    ours = [Denoise(window_us=10_000), RefractoryPeriod(period_us=1000), Downsample(factor=1 / 8)]
+    theirs = tonic.Compose([tonic.Denoise(filter_time=10_000), tonic.RefractoryPeriod(delta=1000),
+                            tonic.Downsample(spatial_factor=1 / 8)])
+    # tonic's clocks start at 0, the recording's at 11.2 s: no early event is treated apart
+    transformed = compose(ours)(events, sensor_size=camera)
+    assert_same_events(transformed, theirs(events))
+    assert 0.2 * len(events) < len(transformed) < 0.9 * len(events)
+    t0 = int(events["t"][0])
+    stream = EventStream([path], sensor_size=camera, dt_us=10_000, chunk_steps=100,
+                         num_classes=1, transforms=ours)
+    frames = np.concatenate([f for f, _ in stream])[:, 0]
+    assert frames.shape[1:] == (2, 90, 160)
+    np.testing.assert_array_equal(frames, events_to_frames(
+        transformed, sensor_size=(160, 90, 2), time_window_us=10_000, n_time_bins=len(frames),
+        t_start_us=t0))
+    resumed = EventStream([path], sensor_size=camera, dt_us=10_000, chunk_steps=100,
+                          num_classes=1, transforms=ours)
+    stream.seek(None)
+    for _ in zip(range(4), stream):     # 4 chunks, then resume where they stopped
+        pass
+    resumed.seek(stream.position())
+    rest = np.concatenate([f for f, _ in resumed])[:, 0]
+    assert rest.tobytes() == frames[400:].tobytes()
