@@ -115,23 +115,26 @@ DVS_BATCH, DVS_IN_SHAPE, DVS_CLASSES, DVS_TAU = 16, (2, 64, 64), 11, 20.0
 
 
 class DvsChannelsFirst(brainstate.nn.Module):
-    """The DVS-sized net with this library's layers and neurons, channels first."""
+    """The DVS-sized net with this library's layers and neurons, channels first, for
+    frames of ``in_hw`` = ``(H, W)`` pixels (``(64, 64)``; the camera benchmark gives
+    ``(90, 160)``: maps of 45x80, 22x40, 11x20 and 5x10, a dense layer 3200 -> 11)."""
 
-    def __init__(self):
+    def __init__(self, in_hw=(64, 64)):
         super().__init__()
         from braintrace_conv import nn
         cf = dict(layout='channels_first')
+        h, w = -(-in_hw[0] // 2), -(-in_hw[1] // 2)         # conv1: stride 2, SAME
         self.conv1 = nn.Conv2d(2, 16, 5, stride=2, **cf)
-        self.lif1 = nn.LIF((16, 32, 32), tau=DVS_TAU)
+        self.lif1 = nn.LIF((16, h, w), tau=DVS_TAU)
         self.conv2 = nn.Conv2d(16, 32, 3, **cf)
-        self.lif2 = nn.LIF((32, 32, 32), tau=DVS_TAU)
+        self.lif2 = nn.LIF((32, h, w), tau=DVS_TAU)
         self.conv3 = nn.Conv2d(32, 64, 3, **cf)
-        self.lif3 = nn.LIF((64, 16, 16), tau=DVS_TAU)
+        self.lif3 = nn.LIF((64, h // 2, w // 2), tau=DVS_TAU)
         self.conv4 = nn.Conv2d(64, 64, 3, **cf)
-        self.lif4 = nn.LIF((64, 8, 8), tau=DVS_TAU)
+        self.lif4 = nn.LIF((64, h // 4, w // 4), tau=DVS_TAU)
         self.pool = nn.AvgPool2d(2, **cf)
         self.flatten = nn.Flatten()
-        self.fc = nn.Linear(64 * 4 * 4, DVS_CLASSES)
+        self.fc = nn.Linear(64 * (h // 8) * (w // 8), DVS_CLASSES)
 
     def update(self, x):                                    # (B, 2, 64, 64)
         h = self.lif1(self.conv1(x))                        # (B, 16, 32, 32)
@@ -166,10 +169,10 @@ class DvsChannelsLast(brainstate.nn.Module):
         return self.fc(h.reshape(h.shape[0], -1))           # (B, 11)
 
 
-def make_dvs_model(layout: str = 'channels-first'):
+def make_dvs_model(layout: str = 'channels-first', in_hw=(64, 64)):
     brainstate.random.seed(0)
     if layout == 'channels-first':
-        return DvsChannelsFirst()
+        return DvsChannelsFirst(in_hw)
     if layout == 'channels-last':
         return DvsChannelsLast()
     raise ValueError(f'layout must be one of {DVS_LAYOUTS}, got {layout!r}.')
