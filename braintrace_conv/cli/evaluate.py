@@ -16,7 +16,7 @@ from .build import setup
 from .options import EVALUATE_OPTIONS, STREAM_OPTIONS, TRAIN_OPTIONS, flag, given
 from .parser import PROG, UsageError, build_parser, usage_error
 from .resolve import check_values, devices, refuse_without_effect, resolve
-from .stream import _labels_beside, _recordings, _trainer
+from .stream import _labels_beside, _recordings, _trainer, stream_transforms
 
 __all__ = ['evaluate']
 
@@ -135,7 +135,8 @@ def _held_out(options, run, path: Path, usage: str) -> EventStream:
         recordings = _recordings(run.held_out, run.held_out_segments, 'held_out', usage)
     try:
         return EventStream(recordings, sensor_size=tuple(run.sensor_size), dt_us=run.dt_us,
-                           chunk_steps=run.update_every, num_classes=run.num_classes)
+                           chunk_steps=run.update_every, num_classes=run.num_classes,
+                           transforms=stream_transforms(run))
     except (OSError, ValueError, TypeError) as error:
         raise usage_error(error, usage, prefix=f'{_held_out_source(options)}: ') from None
 

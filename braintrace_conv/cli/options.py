@@ -20,7 +20,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from .._validation import ArgumentError, integer, non_negative, number, positive
+from .._validation import ArgumentError, integer, interval, non_negative, number, positive
 from ..training import NONFINITE, run_dir
 from ..training.loss import DEFAULT_TARGET_RATES, LOSSES
 
@@ -162,6 +162,23 @@ def sensor_size(text: str) -> tuple:
             f"expected the sensor size in tonic's order, 2 to 4 comma-separated positive ints "
             f"with the polarities last, such as 700,1,1 or 34,34,2, got {text!r}")
     return size
+
+
+def region(text: str) -> tuple:
+    """A crop region ``X,Y,W,H``: its first column and row, its width and height."""
+    try:
+        values = tuple(int(c) for c in text.split(','))
+    except ValueError:
+        values = ()
+    if len(values) != 4 or min(values[:2]) < 0 or min(values[2:]) <= 0:
+        raise argparse.ArgumentTypeError(
+            f'expected X,Y,W,H: the first column and row (from 0) and the width and height '
+            f'of the region in pixels, such as 320,0,720,720, got {text!r}')
+    return values
+
+
+def _fraction(name: str, value) -> float:
+    return interval(name, value, 0, 1, '(]')
 
 
 def _seed(name: str, value) -> int:
@@ -392,6 +409,20 @@ STREAM_OPTIONS = (
            help='segments files of --held-out, one per recording in the same order'),
     Option('sensor_size', type=sensor_size, metavar='W,H,P', required=True,
            help="the camera's size in tonic's order, e.g. 128,128,2"),
+    Option('denoise_us', type=float, metavar='US', check=_positive_number, stored='when given',
+           help="keep an event only where a neighbouring pixel fired less than US "
+                "microseconds before it (tonic's Denoise); the event transforms apply in "
+                "this order: --denoise-us, --refractory-us, --crop, --downsample"),
+    Option('refractory_us', type=float, metavar='US', check=_non_negative_number,
+           stored='when given',
+           help="drop every event that follows its pixel's previous event by at most US "
+                "microseconds (tonic's RefractoryPeriod)"),
+    Option('crop', type=region, metavar='X,Y,W,H', stored='when given',
+           help='keep the events of the region of W x H pixels whose corner is at column X, '
+                'row Y (e.g. 280,0,720,720: the middle square of a 1280x720 camera)'),
+    Option('downsample', type=float, metavar='F', check=_fraction, stored='when given',
+           help='map the pixels onto a grid F times as fine, F in (0, 1]: 0.125 gives frames '
+                'of 160x90 from a 1280x720 camera'),
     Option('dt_us', type=int, metavar='US', default=1000, check=positive,
            help='time step, microseconds (default {default})'),
     Option('update_every', type=int, metavar='STEPS', default=100, check=positive,

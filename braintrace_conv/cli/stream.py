@@ -4,7 +4,10 @@ The event files of ``--recordings`` are played in order as one stream (or, with
 ``--batch-size B``, as one playlist played by ``B`` streams from evenly spaced offsets;
 :class:`~braintrace_conv.data.EventStream`), binned into steps of ``--dt-us`` and labelled
 by the time segments of a CSV beside each file (``NAME_labels.csv``, DVS Gesture's raw
-layout) or named by ``--segments``. The model is
+layout) or named by ``--segments``. ``--denoise-us``, ``--refractory-us``, ``--crop`` and
+``--downsample`` transform the events, in this order, before they are binned
+(:mod:`~braintrace_conv.data.transforms`), so a large camera is binned at the size the
+model takes. The model is
 :func:`~braintrace_conv.models.recurrent_conv_snn` for the camera's frames, trained by
 :meth:`Trainer.fit_stream <braintrace_conv.training.Trainer.fit_stream>`: one update every
 ``--update-every`` steps, hidden states and traces carried across chunks, segments and
@@ -26,6 +29,7 @@ import brainstate
 
 from .._memory import peak_rss_mib
 from ..data import EventReader, EventStream, Recording, read_segments
+from ..data.transforms import Crop, Denoise, Downsample, RefractoryPeriod
 from ..models import recurrent_conv_snn
 from ..training import Trainer, checkpoint, logs, run_dir
 from ..training.stream_state import StreamRun, lagging, run_differences
@@ -35,7 +39,7 @@ from .parser import PROG, Interrupted, UsageError, usage_error
 from .resolve import check_values, devices, option_list, refuse_without_effect
 from .train import _out_error, checked_out, holding_out, kept, last_checkpoint, stopped
 
-__all__ = ['stream', 'SUMMARY']
+__all__ = ['stream', 'stream_transforms', 'SUMMARY']
 
 #: What the command adds to ``metrics.json`` when a run is finished, after the run's own
 #: last write: the wall time and peak resident memory of the command that finished it. A
@@ -62,6 +66,32 @@ def _labels_beside(files: list, segments, option: str, segments_option: str,
     return [Path(s).resolve() for s in segments]
 
 
+#: The event transforms of the options, in the order they apply.
+_TRANSFORMS = (('denoise_us', lambda v: Denoise(window_us=v)),
+               ('refractory_us', lambda v: RefractoryPeriod(period_us=v)),
+               ('crop', lambda v: Crop(origin=tuple(v[:2]), size=tuple(v[2:]))),
+               ('downsample', lambda v: Downsample(factor=v)))
+
+
+def stream_transforms(run) -> list:
+    """The event transforms of the resolved options ``run`` (``--denoise-us``,
+    ``--refractory-us``, ``--crop``, ``--downsample``, in this order), for its streams."""
+    return [make(getattr(run, name)) for name, make in _TRANSFORMS
+            if getattr(run, name, None) is not None]
+
+
+def _check_transforms(values: dict, usage: str) -> None:
+    """Refuse a transform that does not fit the sensor as the ones before leave it (its
+    message is the library's, which names the transform's own arguments, not options)."""
+    size = tuple(values['sensor_size'])
+    for name, make in _TRANSFORMS:
+        if values[name] is not None:
+            try:
+                size = make(values[name]).output_size(size)
+            except ValueError as error:
+                raise UsageError(f'{flag(name)}: {error}', usage) from None
+
+
 def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
     """The options of ``stream`` with their defaults, checked; raises :class:`UsageError`."""
     values = {option.name: getattr(args, option.name) for option in STREAM_OPTIONS}
@@ -70,6 +100,7 @@ def _resolve(args: argparse.Namespace, usage: str) -> argparse.Namespace:
         raise UsageError(f'--sensor-size must be W,H,P for a camera, got '
                          f'{",".join(map(str, values["sensor_size"]))}', usage)
     values = check_values(STREAM_OPTIONS, values, usage)
+    _check_transforms(values, usage)
     # with the defaults filled in: --window applies to the default algorithm
     refuse_without_effect(STREAM_OPTIONS, values, given_names, usage)
     for option in STREAM_OPTIONS:      # the frames of a camera have 2 spatial axes
@@ -133,7 +164,8 @@ def _streams(run, usage: str) -> tuple:
     held = (None if run.held_out is None else
             _recordings(run.held_out, run.held_out_segments, 'held_out', usage, sensor))
     common = dict(sensor_size=tuple(run.sensor_size), dt_us=run.dt_us,
-                  chunk_steps=run.update_every, num_classes=run.num_classes)
+                  chunk_steps=run.update_every, num_classes=run.num_classes,
+                  transforms=stream_transforms(run))
     streams = []
     for option, recordings, extra in (
             ('recordings', train, dict(batch_size=run.batch_size, loop=run.loop)),

@@ -78,6 +78,12 @@ def test_a_run_writes_its_directory_and_a_finished_run_is_said_so(gestures, tmp_
     (['--num-classes', '2'], r'--recordings: .*label .* out of range for 2 classes|'
                              r'--recordings: .*2 classes'),
     (['--held-out', '{missing}'], r'--held-out: .*missing.npy is not a file'),
+    (['--downsample', '2'], r'--downsample must be a number in \(0, 1\], got 2.0'),
+    (['--denoise-us', '0'], r'--denoise-us must be a positive number, got 0.0'),
+    (['--crop', '0,0,20,4'], r'--crop: size must fit the sensor \(8, 8\) from the origin '
+                             r'\(0, 0\), got \(20, 4\)\.$'),
+    (['--crop', '4,4,4,4', '--downsample', '0.5', '--crop', '1,2,3'],
+     r'--crop: expected X,Y,W,H: the first column and row'),
 ])
 def test_refusals_are_one_line_and_change_nothing(gestures, tmp_path, capsys, extra, match):
     csv_file = gestures[0][0].replace('.npy', '_labels.csv')
@@ -85,6 +91,22 @@ def test_refusals_are_one_line_and_change_nothing(gestures, tmp_path, capsys, ex
     sensor = [] if '--sensor-size' in extra else SENSOR
     refused(tmp_path, capsys, ['stream', '--recordings', *gestures[0], *sensor, *TINY, *extra],
             match)
+
+
+def test_events_are_transformed_before_binning_in_training_and_evaluation(gestures, tmp_path,
+                                                                        capsys):
+    out = tmp_path / 'run'
+    argv = ['stream', '--recordings', *gestures[0], '--held-out', *gestures[1], *SENSOR, *TINY,
+            '--denoise-us', '30000', '--refractory-us', '2000', '--crop', '0,2,8,6',
+            '--downsample', '0.5', '--max-steps', '40', '--out', str(out)]
+    assert main([a for a in argv if a != '--quiet']) == 0
+    assert 'frames (2, 3, 4)' in capsys.readouterr().out
+    stored = json.loads((out / METRICS_NAME).read_text())['run_config']
+    assert (stored['crop'], stored['downsample']) == ([0, 2, 8, 6], 0.5)
+    assert main(['evaluate', '--run', str(out)]) == 0
+    assert 'segment accuracy' in capsys.readouterr().out
+    assert main([*argv[:-2], '--downsample', '0.25', '--out', str(out), '--resume']) == 2
+    assert '--downsample 0.5 (now 0.25)' in error_line(capsys)
 
 
 def test_the_default_algorithm_takes_a_window_and_a_decay(gestures, capsys):
@@ -311,9 +333,10 @@ def test_an_interrupt_before_the_first_checkpoint_says_what_was_kept(
 
 # ----------------------------------------------------------------------------- kill and resume
 def run_cli(files, out, *extra):
+    # with stateful event transforms, whose state the resumed run rebuilds from the events
     argv = ['stream', '--recordings', *files, *SENSOR, *TINY, '--dt-us', '5000',
-            '--checkpoint-every', '2', '--log-every', '3', '--settle-steps', '10', '--out',
-            str(out), *extra]
+            '--checkpoint-every', '2', '--log-every', '3', '--settle-steps', '10',
+            '--denoise-us', '20000', '--refractory-us', '3000', '--out', str(out), *extra]
     return subprocess.Popen([sys.executable, '-m', 'braintrace_conv.cli', *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
