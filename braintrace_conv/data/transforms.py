@@ -6,20 +6,15 @@ sensor. Events are structured arrays in tonic's format (:mod:`~braintrace_conv.d
 a timestamp ``t`` in microseconds, integer pixel coordinates ``x`` (and ``y``) and a
 polarity ``p``; ``sensor_size`` is in tonic's order, ``(W, H, P)`` for a camera.
 
-=========================================  ====================================  ============
-transform                                  rule (one event at a time)            state
-=========================================  ====================================  ============
-:class:`Downsample` ``(factor=f)``          ``x' = floor(f x)``, ``y' = floor(f    none
-                                           y)``: several pixels share one
-:class:`Crop` ``(origin, size)``            kept inside the region, moved to its   none
-                                           corner
-:class:`CenterCrop` ``(size)``              :class:`Crop` of the centred region    none
-:class:`RefractoryPeriod` ``(period_us)``   kept when its pixel's previous event   last event
-                                           lies more than ``period_us`` before    per pixel
-:class:`Denoise` ``(window_us)``            kept when a neighbouring pixel fired   last event
-                                           less than ``window_us`` before         per pixel
-:class:`MergePolarities` ``()``             ``p' = 0``, one polarity channel       none
-=========================================  ====================================  ============
+* :class:`Downsample` ``(factor=f)``: ``x' = floor(f x)``, ``y' = floor(f y)``; the pixels
+  of a block add up in one. No state.
+* :class:`Crop` ``(origin, size)`` and :class:`CenterCrop` ``(size)``: the events inside a
+  region, moved to its corner. No state.
+* :class:`RefractoryPeriod` ``(period_us)``: an event is kept when its pixel's previous
+  event lies more than ``period_us`` before it. State: each pixel's last event.
+* :class:`Denoise` ``(window_us)``: an event is kept when a neighbouring pixel fired less
+  than ``window_us`` before it. State: each pixel's last event.
+* :class:`MergePolarities` ``()``: ``p' = 0``, one polarity channel. No state.
 
 A sequence of transforms (or :class:`Compose`) applies them in order, the sensor size
 passed along: ``[Denoise(window_us=10_000), Downsample(factor=1 / 8)]`` denoises at the
@@ -67,6 +62,8 @@ domain:
 
 Both stateful rules read the events in array order (timestamps from files are
 non-decreasing), and both treat the two polarities of a pixel as one pixel, as tonic does.
+Every rule here is deterministic; tonic's random ones (``RandomCrop``, a
+``RefractoryPeriod`` drawn from a range of periods) have no counterpart.
 """
 
 from __future__ import annotations
