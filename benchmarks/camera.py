@@ -43,7 +43,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,7 +53,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'tests'))
-from results_file import default_path, write_results  # noqa: E402
+from results_file import default_path, run_fresh, write_results  # noqa: E402
 
 RECORDING = 'evt3.raw'
 CAMERA = (1280, 720, 2)
@@ -281,14 +280,6 @@ def profile(path: str, dt_us: int, chunk: int, transform_name: str, block_events
 
 
 # ----------------------------------------------------------------------------- driver
-def _child(argv: list) -> dict:
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), *argv],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f'{" ".join(argv)} failed:\n{done.stderr[-3000:]}')
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def tables(content: dict) -> str:
     """Markdown tables of a results file's content."""
     out = []
@@ -372,7 +363,7 @@ def main(argv=None) -> int:
             for job in jobs:
                 if part == 'memory' and dt != args.dts[-1]:
                     continue                     # the stream's memory hardly depends on dt
-                results[part].append(_child([*common, '--child', job]))
+                results[part].append(run_fresh(__file__, [*common, '--child', job]))
                 print(json.dumps(results[part][-1]), file=sys.stderr)
     out = args.json or default_path('camera')
     write_results(out, recording=dict(file=RECORDING, sensor=list(CAMERA)),

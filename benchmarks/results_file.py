@@ -1,9 +1,11 @@
-"""Writing a benchmark's results: one JSON file with the machine it ran on."""
+"""A benchmark's results: one JSON file with the machine it ran on, and the result of a part
+run in a fresh process (so that its peak memory is its own)."""
 from __future__ import annotations
 
 import json
 import os
 import platform
+import subprocess
 import sys
 
 
@@ -21,3 +23,13 @@ def write_results(path: str, **content) -> None:
     with open(path, 'w') as f:
         json.dump(dict(machine=machine, **content), f, indent=2)
     print(f'wrote {path}', file=sys.stderr)
+
+
+def run_fresh(script: str, argv: list) -> dict:
+    """Run ``script`` with ``argv`` in a fresh Python process; the JSON object its last line
+    of output holds. A failing run raises ``RuntimeError`` with the end of its stderr."""
+    done = subprocess.run([sys.executable, os.path.abspath(script), *argv],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f'{" ".join(argv)} failed:\n{done.stderr[-3000:]}')
+    return json.loads(done.stdout.strip().splitlines()[-1])

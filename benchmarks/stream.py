@@ -38,7 +38,6 @@ import glob
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,7 +46,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import default_path, write_results  # noqa: E402
+from results_file import default_path, run_fresh, write_results  # noqa: E402
 
 ONLINE = ('es-d-rtrl', 'd-rtrl')
 #: Camera size, classes and membrane time constant (ms) of each workload's net.
@@ -261,15 +260,6 @@ def overhead(workload: str, algorithm: str, chunks, steps: int, batch: int, roun
 
 
 # ----------------------------------------------------------------------------- driver
-def _child(argv: list) -> dict:
-    """Run ``argv`` of this script in a fresh process; its JSON result."""
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), *argv],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f'{" ".join(argv)} failed:\n{done.stderr[-3000:]}')
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def table(paths) -> str:
     """A Markdown table of the results files ``paths``."""
     rows = []
@@ -348,13 +338,13 @@ def main(argv=None) -> int:
         results = []
         for algorithm in args.algorithms:
             if algorithm in ONLINE:
-                results.append(_child([*common, '--chunk', str(args.chunk), '--child',
-                                       f'online:{algorithm}']))
+                results.append(run_fresh(__file__, [*common, '--chunk', str(args.chunk),
+                                                    '--child', f'online:{algorithm}']))
                 continue
-            predicted = _child([*common, '--child', 'predict:bptt'])
+            predicted = run_fresh(__file__, [*common, '--child', 'predict:bptt'])
             results.append(predicted)
             if predicted['predicted_mib'] <= args.bptt_budget_gib * 1024:
-                results.append(_child([*common, '--child', 'bptt:bptt']))
+                results.append(run_fresh(__file__, [*common, '--child', 'bptt:bptt']))
             print(json.dumps(results[-1]), file=sys.stderr)
     from braintrace_conv._memory import peak_rss_mib
     load = os.getloadavg()
