@@ -104,7 +104,7 @@ def rate(x, num_steps: int, key: jax.Array, *, gain: float = 1.0) -> jax.Array:
 
 def latency(x, num_steps: int, *, code: str = 'linear', threshold: float = 0.01,
             tau: float = 5.0) -> jax.Array:
-    r"""Latency (time-to-first-spike) coding: one spike per entry, stronger inputs earlier.
+    r"""Latency (time-to-first-spike) coding: at most one spike per entry, stronger inputs earlier.
 
     With :math:`\theta` = ``threshold``, an entry with :math:`x \le \theta`
     never spikes; otherwise it spikes once, at step
