@@ -32,7 +32,18 @@ __all__ = ['D_RTRL']
 
 
 class D_RTRL(OnlineLearner):
-    """Exact D-RTRL executor for a ``brainstate`` model (see module docstring).
+    """D-RTRL: exact eligibility traces, carried forward in time.
+
+    Every conv or dense op keeps the trace of how the state it drives depends on its
+    weights, updated each step and contracted with that step's loss gradient, so memory
+    does not grow with the sequence but a conv's trace holds ``B * S_out * |K| * m``
+    numbers (output positions times kernel size times state variables). For a layer whose
+    state depends on its past only element by element, whatever the neuron style, the
+    gradient equals BPTT's; across layers and recurrent synapses it is truncated, and
+    readouts get their exact instantaneous gradient. Use it for small layers and
+    verification, :class:`~braintrace_conv.ES_D_RTRL` for scale. The recursions:
+    :mod:`braintrace_conv.executors.d_rtrl` and ``docs/theory.md``;
+    :meth:`~braintrace_conv.executors.Learner.report` says which case each parameter is.
 
     Args:
       model: a ``brainstate.nn.Module`` whose ``update(x)`` advances one step.
@@ -44,6 +55,24 @@ class D_RTRL(OnlineLearner):
         :class:`~braintrace_conv.executors.OnlineLearner`); ``k >= T`` is BPTT.
       check_finite: refuse inputs and targets holding a NaN or an infinity, naming the
         first such time step (default); ``False`` skips this one pass over the data.
+
+    Examples:
+      One conv block of LIF neurons and a dense readout, 10 steps of 2 samples: the
+      gradient is BPTT's.
+
+      >>> import brainstate, jax.numpy as jnp, optax
+      >>> import braintrace_conv as bc
+      >>> from braintrace_conv.models import recurrent_conv_snn
+      >>> brainstate.random.seed(0)
+      >>> model = recurrent_conv_snn((2, 8, 8), 3, channels=(4,), readout='linear')
+      >>> xs = (brainstate.random.rand(10, 2, 2, 8, 8) < 0.2).astype(float)   # (T, B, C, H, W)
+      >>> labels = jnp.zeros((10, 2), int)                                    # (T, B)
+      >>> def loss_fn(scores, label):                   # one step: scores (B, 3), labels (B,)
+      ...     return optax.softmax_cross_entropy_with_integer_labels(scores, label).mean()
+      >>> exact = bc.D_RTRL(model).value_and_grad(loss_fn, xs, labels)[1]
+      >>> reference = bc.BPTT(model).value_and_grad(loss_fn, xs, labels)[1]
+      >>> all(jnp.allclose(exact[k], reference[k], rtol=1e-4, atol=1e-6) for k in reference)
+      True
     """
 
     algorithm = 'D-RTRL'

@@ -104,7 +104,17 @@ class _Plan:
 
 
 class ES_D_RTRL(OnlineLearner):
-    """ES-D-RTRL executor (see module docstring).
+    """ES-D-RTRL: online gradients from traces linear in the layer size.
+
+    Every conv or dense op keeps a decaying trace of its input and a trace of how the state
+    it drives responds to its output; each step adds their product to the weight gradient
+    (one weight-gradient convolution, the work BPTT does per step), so memory does not grow
+    with the sequence. Biases, neuron parameters and readouts get exact gradients, kernels
+    an approximation that is exact on a linear leaky layer whose decay is the executor's.
+    Unless ``decay`` is given, each op's decay is inferred from the neurons it feeds (a LIF
+    neuron's ``exp(-dt/tau)``). The recursions and how the decay is inferred:
+    :mod:`braintrace_conv.executors.es_d_rtrl` and ``docs/theory.md``;
+    :meth:`~braintrace_conv.executors.Learner.report` says how each gradient was computed.
 
     Args:
       model: a ``brainstate.nn.Module``.
@@ -127,6 +137,29 @@ class ES_D_RTRL(OnlineLearner):
         :class:`~braintrace_conv.executors.OnlineLearner`); ``k >= T`` is BPTT.
       check_finite: refuse inputs and targets holding a NaN or an infinity, naming the
         first such time step (default); ``False`` skips this one pass over the data.
+
+    Examples:
+      A conv block of LIF neurons and a dense readout, 10 steps of 2 samples:
+
+      >>> import brainstate, jax.numpy as jnp, optax
+      >>> import braintrace_conv as bc
+      >>> from braintrace_conv.models import recurrent_conv_snn
+      >>> brainstate.random.seed(0)
+      >>> model = recurrent_conv_snn((2, 8, 8), 3, channels=(4,), readout='linear')
+      >>> xs = (brainstate.random.rand(10, 2, 2, 8, 8) < 0.2).astype(float)   # (T, B, C, H, W)
+      >>> labels = jnp.zeros((10, 2), int)                                    # (T, B)
+      >>> def loss_fn(scores, label):                   # one step: scores (B, 3), labels (B,)
+      ...     return optax.softmax_cross_entropy_with_integer_labels(scores, label).mean()
+      >>> learner = bc.ES_D_RTRL(model)
+      >>> loss, grads = learner.value_and_grad(loss_fn, xs, labels)   # loss summed over T
+      >>> grads[('blocks', 0, 'ff', 'weight')].shape                    # like the kernel
+      (4, 2, 3, 3)
+      >>> for row in learner.report().rows:     # print(learner.report()): the whole table
+      ...     print(f"{row['parameter']:<19}{row['method'].split(' via ')[0]}")
+      blocks.0.ff.bias   exact trace (ES-D-RTRL output trace; does not involve x)
+      blocks.0.ff.weight approximate trace (ES-D-RTRL, decay 0.9048, inferred from the model)
+      fc.bias            exact (instantaneous: output reaches no hidden state)
+      fc.weight          exact (instantaneous: output reaches no hidden state)
     """
 
     algorithm = 'ES-D-RTRL'
