@@ -715,6 +715,19 @@ def export(model: brainstate.nn.Module, example_input, dt: float, *, path=None,
         subtraction (unless ``subtract_reset``), threshold adaptation (ALIF), max pooling,
         3-D convolutions, padding that differs between the two sides, a brainpy neuron fed
         by projections, code between layers; or a ``dt`` that is not a positive number.
+
+    Examples:
+      >>> import brainstate, jax.numpy as jnp
+      >>> import braintrace_conv as bc
+      >>> from braintrace_conv import nn, nir as bnir
+      >>> net = brainstate.nn.Sequential(nn.Linear(4, 3), nn.LIF(3, tau=5.0, reset='zero'))
+      >>> graph = bnir.export(net, jnp.zeros((1, 4)), dt=1e-3)   # one step of input, batch 1
+      >>> {name: type(node).__name__ for name, node in graph.nodes.items()}
+      {'input': 'Input', 'layers_0': 'Affine', 'layers_1': 'LIF', 'output': 'Output'}
+      >>> xs = (brainstate.random.rand(20, 2, 4) < 0.5).astype(float)      # (T, B, 4)
+      >>> loaded = bnir.load(graph)                                       # dt from the graph
+      >>> bool(jnp.array_equal(bc.BPTT(loaded).predict(xs), bc.BPTT(net).predict(xs)))
+      True
     """
     nir = require_nir()
     if isinstance(dt, u.Quantity):

@@ -466,6 +466,22 @@ def load(graph_or_path, dt: Optional[float] = None, *, reset: str = 'value',
         check, which some peers' files fail although they run (nir 1.0 checks nested
         graphs all the same; such a file is read again with them unchecked).
       FileNotFoundError: No file at ``graph_or_path``.
+
+    Examples:
+      A graph as another library writes it: an affine map of 4 inputs onto 3 LIF neurons
+      (time constants in seconds), run at steps of 1 ms:
+
+      >>> import jax.numpy as jnp, nir, numpy as np
+      >>> import braintrace_conv as bc
+      >>> from braintrace_conv import nir as bnir
+      >>> graph = nir.NIRGraph.from_list(
+      ...     nir.Affine(weight=np.ones((3, 4)), bias=np.zeros(3)),
+      ...     nir.LIF(tau=np.full(3, 0.01), r=np.ones(3), v_leak=np.zeros(3),
+      ...             v_threshold=np.ones(3)))
+      >>> net = bnir.load(graph, dt=1e-3)
+      >>> spikes = bc.BPTT(net).predict(jnp.ones((5, 2, 4)))     # (T, B, 4) in, (T, B, 3) out
+      >>> spikes[:, 0, 0].tolist()          # v = 0.4, 0.76, 1.084 > 1: a spike, reset to 0
+      [0.0, 0.0, 1.0, 0.0, 0.0]
     """
     nir = require_nir()
     graph = _read(graph_or_path) if isinstance(graph_or_path, (str, pathlib.Path)) \

@@ -235,10 +235,13 @@ class LIF(Neuron):
 
     Examples:
       >>> import brainstate, jax.numpy as jnp, saiunit as u
+      >>> from braintrace_conv.nn import LIF
       >>> lif = LIF(4, tau=10 * u.ms, V_th=1 * u.mV)
       >>> lif.init_state(batch_size=2)
       >>> with brainstate.environ.context(dt=1 * u.ms):
       ...     s = lif(jnp.full((2, 4), 1.5) * u.mV)   # spikes, shape (2, 4), unitless
+      >>> s[0].tolist()                                # 1.5 mV > V_th: every neuron fires
+      [1.0, 1.0, 1.0, 1.0]
     """
 
     TRAINABLE = ('tau', 'V_th')

@@ -177,6 +177,22 @@ class Trainer:
       spiking_layers (dict): Name (dotted path in the model) -> neuron module with ``spike()``
         or ``get_spike()``, whose spike rates :meth:`evaluate` reports (module docstring).
       opt_state: The optimiser state (``None`` without an optimiser).
+
+    Examples:
+      Two epochs on moving bars of 8 x 8 pixels, 10 steps each:
+
+      >>> import optax
+      >>> import braintrace_conv as bc
+      >>> from braintrace_conv.data import moving_bars
+      >>> from braintrace_conv.models import recurrent_conv_snn
+      >>> train, test = moving_bars(32, T=10, size=(8, 8), seed=0).split(0.25, seed=0)
+      >>> model = recurrent_conv_snn(train.frame_shape, train.num_classes, channels=(4,))
+      >>> trainer = bc.Trainer(bc.ES_D_RTRL(model), optax.adam(5e-3))
+      >>> history = trainer.fit(train, epochs=2, batch_size=8, eval_dataset=test, progress=False)
+      >>> [record['epoch'] for record in history]       # one record per epoch
+      [1, 2]
+      >>> sorted(trainer.evaluate(test))                 # test accuracy and loss, spike rates
+      ['accuracy', 'loss', 'spike_rates']
     """
 
     def __init__(self, learner: Learner, optimizer: Optional[optax.GradientTransformation] = None,
@@ -744,6 +760,26 @@ class Trainer:
           metrics since the start, the last evaluation ``test``, ``best``,
           ``evaluations`` (one record per evaluation: step, stream time, the online
           metrics of the period before it and the held-out ones) and ``finished``.
+
+        Examples:
+          A generated recording of 5 s with labelled gestures, played in chunks of 100 steps
+          of 1 ms, one update per chunk:
+
+          >>> import tempfile, optax
+          >>> import braintrace_conv as bc
+          >>> from braintrace_conv.data import EventStream, gesture_recordings
+          >>> from braintrace_conv.models import recurrent_conv_snn
+          >>> recordings = gesture_recordings(tempfile.mkdtemp(), 1, duration_s=5.0,
+          ...                                 size=(8, 8), formats=('npy',))
+          >>> stream = EventStream(recordings, sensor_size=(8, 8, 2), dt_us=1000,
+          ...                      chunk_steps=100, num_classes=6)
+          >>> model = recurrent_conv_snn(stream.frame_shape, 6, channels=(4,))
+          >>> trainer = bc.Trainer(bc.ES_D_RTRL(model), optax.adam(1e-2))
+          >>> result = trainer.fit_stream(stream, progress=False)
+          >>> result['steps'], result['chunks'], result['finished']
+          (4902, 50, True)
+          >>> 0 <= result['online']['segment_accuracy'] <= 1    # gestures decided online
+          True
         """
         return stream_run.fit_stream(
             self, stream, eval_stream=eval_stream, eval_every=eval_every, max_steps=max_steps,

@@ -337,6 +337,16 @@ def read_events(path, *, sensor_size: tuple | None = None) -> np.ndarray:
         (negative or decreasing timestamp, coordinate outside the sensor, polarity not
         0/1/-1): one sentence naming the file and the event's index.
       ImportError: an AEDAT4 file without the ``faery`` package.
+
+    Examples:
+      >>> import tempfile, numpy as np
+      >>> from braintrace_conv.data import CAMERA_EVENT_DTYPE, read_events, write_events
+      >>> events = np.zeros(3, CAMERA_EVENT_DTYPE)              # fields t (us), x, y, p
+      >>> events['t'], events['x'], events['y'], events['p'] = [0, 40, 90], [1, 2, 3], 0, 1
+      >>> path = write_events(tempfile.mkdtemp() + '/recording.npy', events)
+      >>> read = read_events(path, sensor_size=(4, 4, 2))        # checked against the sensor
+      >>> read['t'].tolist(), read['x'].tolist()
+      ([0, 40, 90], [1, 2, 3])
     """
     reader = EventReader(path, sensor_size=sensor_size)
     if reader.seekable:

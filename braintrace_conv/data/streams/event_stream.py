@@ -276,6 +276,19 @@ class EventStream:
         (:meth:`~braintrace_conv.data.Segments.check_recording`), per-step labels that do
         not cover the recording, a bad argument; events that are wrong raise
         :class:`~braintrace_conv.data.EventFileError` naming the file and the event.
+
+    Examples:
+      Two generated recordings of 5 s with labelled gestures, one stream each:
+
+      >>> import tempfile
+      >>> from braintrace_conv.data import EventStream, gesture_recordings
+      >>> recordings = gesture_recordings(tempfile.mkdtemp(), 2, duration_s=5.0, size=(8, 8),
+      ...                                 formats=('npy',))      # events + segments CSV each
+      >>> stream = EventStream(recordings, sensor_size=(8, 8, 2), dt_us=1000, chunk_steps=100,
+      ...                      num_classes=6)
+      >>> frames, (labels, weights) = next(iter(stream))         # the first chunk
+      >>> frames.shape, labels.shape, weights.shape              # (K, B, P, H, W), (K, B), (K, B)
+      ((100, 2, 2, 8, 8), (100, 2), (100, 2))
     """
 
     def __init__(self, recordings: Sequence, *, sensor_size: tuple, dt_us: int,
