@@ -1,13 +1,18 @@
 """The README example and the documentation's code run as written; the site builds with
 warnings as errors and documents every public name."""
+import doctest
+import importlib
 import importlib.util
 import pathlib
 import re
 import runpy
 import subprocess
 import sys
+import tempfile
 
 import pytest
+
+import page_examples
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / 'docs'
@@ -15,34 +20,157 @@ THEORY_ANCHORS = ('notation', 'd-rtrl', 'old-state', 'neuron-parameters', 'conv-
                   'es-d-rtrl', 'rule-contract', 'windows', 'exactness')
 
 
-def _python_blocks(path: pathlib.Path) -> list:
-    return re.findall(r'```python\n(.*?)```', path.read_text(), flags=re.S)
+# ------------------------------------------------------------------------- page examples
+def _pages() -> list:
+    """README.md and the Markdown pages of docs/ that hold python or bash blocks."""
+    paths = [ROOT / 'README.md', *sorted(DOCS.rglob('*.md'))]
+    return [p.relative_to(ROOT).as_posix() for p in paths
+            if '_build' not in p.parts and page_examples.blocks(p)]
 
 
-def _run(code: str, tmp_path):
-    script = tmp_path / 'example.py'
-    script.write_text('import matplotlib\nmatplotlib.use("Agg")\n' + code)
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+PAGES = _pages()
+SLOW_PAGES = [p for p in PAGES if any(b.marker == 'slow' for b in page_examples.blocks(ROOT / p))]
+# What a page's examples print that says they did what the page claims.
+PRINTED = {'README.md': ('exact (instantaneous', 'approximate trace')}   # learner.report()
 
 
-def test_readme_example_runs(tmp_path):
-    blocks = _python_blocks(ROOT / 'README.md')
-    assert blocks, 'README has no python example'
-    out = _run(blocks[0], tmp_path)
-    assert 'exact (instantaneous' in out and 'approximate trace' in out   # report() printed
+def run_examples(page, directory, *, slow=False, timeout=900):
+    """Run a page's examples in ``directory`` as a fresh process; the finished process."""
+    return subprocess.run([sys.executable, str(page_examples.__file__), str(page),
+                           *(['--slow'] if slow else [])],
+                          cwd=directory, capture_output=True, text=True, timeout=timeout)
 
 
-GUIDE_PAGES = sorted(p.relative_to(DOCS).as_posix() for p in
-                     [DOCS / 'install.md', *(DOCS / 'guide').glob('*.md')] if _python_blocks(p))
+@pytest.mark.parametrize('page', PAGES)
+def test_page_examples_run(page, tmp_path):
+    """The python blocks and shell commands of a page run in page order, from an empty
+    directory, as written (long runs are marked and run under ``-m slow``)."""
+    proc = run_examples(ROOT / page, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    for text in PRINTED.get(page, ()):
+        assert text in proc.stdout, f'{page} no longer prints {text!r}'
 
 
-@pytest.mark.parametrize('page', GUIDE_PAGES)
-def test_docs_page_examples_run(page, tmp_path):
-    """The python blocks of a page, in order, form one script that runs."""
-    _run('\n'.join(_python_blocks(DOCS / page)), tmp_path)
+@pytest.mark.slow
+@pytest.mark.parametrize('page', SLOW_PAGES)
+def test_page_examples_run_with_the_long_ones(page, tmp_path):
+    proc = run_examples(ROOT / page, tmp_path, slow=True, timeout=4 * 3600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+
+
+SYNTHETIC_PAGE = """\
+# A page
+
+```python
+import os
+seen = os.listdir('.')          # runs in the page's directory, empty at the start
+```
+
+<!-- example: fragment -->
+```python
+not_defined_anywhere            # a fragment: parsed, never run
+```
+
+<!-- example: slow -->
+```bash
+exit 3
+```
+
+```bash
+export GREETING=hello
+python3 -c "import os; open('made.txt', 'w').write(os.environ['GREETING'])"
+true &
+```
+
+```python
+assert seen == [] and open('made.txt').read() == 'hello'   # page order, one namespace
+```
+
+```bash
+test -f made.txt
+braintrace-conv train --no-such-option
+```
+"""
+
+
+def _line(text: str) -> int:
+    """The line of the synthetic page that starts with ``text``."""
+    return next(n for n, line in enumerate(SYNTHETIC_PAGE.splitlines(), 1)
+                if line.startswith(text))
+
+
+def test_a_broken_example_is_named_by_page_and_line(tmp_path):
+    """Blocks run in page order in one directory and namespace, markers are obeyed, and the
+    first failure names the page and its line: a command, a python block, a background job."""
+    page, run = tmp_path / 'page.md', tmp_path / 'run'
+    run.mkdir()
+    page.write_text(SYNTHETIC_PAGE)
+    proc = run_examples(page, run)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(f'{page}:{_line("braintrace-conv")}: `braintrace-conv train '
+                                  f'--no-such-option` exited with status 2'), proc.stderr
+    assert 'unrecognized arguments: --no-such-option' in proc.stderr   # the command's error
+
+    for old, new, failure in (
+            ('true &', 'false &', f'{_line("true &")}: `false &` exited with status 1'),
+            ("'hello'", "'bye'", f'{_line("assert seen")}: raised AssertionError'),
+            ('example: slow', 'example: slowly',
+             f"{_line('<!-- example: slow')}: unknown example marker 'slowly'")):
+        page.write_text(SYNTHETIC_PAGE.replace(old, new))
+        for made in run.iterdir():
+            made.unlink()
+        proc = run_examples(page, run)
+        assert proc.returncode == 1 and f'{page}:{failure}' in proc.stderr, proc.stderr
+
+
+def test_the_markers_do_not_show_in_the_built_pages(site):
+    html = (site / 'guide' / 'training.html').read_text()
+    assert 'example: slow' not in re.sub(r'<!--.*?-->', '', html, flags=re.S)
+
+
+# -------------------------------------------------------------------- docstring examples
+def _modules_with_examples() -> list:
+    names = []
+    for path in sorted((ROOT / 'braintrace_conv').rglob('*.py')):
+        if '>>>' in path.read_text():
+            parts = path.relative_to(ROOT).with_suffix('').parts
+            names.append('.'.join(parts[:-1] if parts[-1] == '__init__' else parts))
+    return names
+
+
+# Extras (optional dependencies) that the examples of a subpackage import.
+EXAMPLE_EXTRAS = {'braintrace_conv.nir': 'nir'}
+
+
+@pytest.fixture
+def as_a_reader(monkeypatch, tmp_path):
+    """A reader's session: brainstate's default float32 (the suite runs in float64) and the
+    working and temporary directories in ``tmp_path``."""
+    import brainstate
+    import jax
+    precision, x64 = brainstate.environ.get_precision(), jax.config.jax_enable_x64
+    brainstate.environ.set(precision=32)
+    jax.config.update('jax_enable_x64', False)
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield
+    brainstate.environ.set(precision=precision)
+    jax.config.update('jax_enable_x64', x64)
+
+
+@pytest.mark.parametrize('module', _modules_with_examples())
+def test_docstring_examples_run(module, as_a_reader):
+    """Every ``>>>`` example of the package's docstrings runs and prints what it shows."""
+    for package, extra in EXAMPLE_EXTRAS.items():
+        if module.startswith(package):
+            pytest.importorskip(extra)
+    tests = doctest.DocTestFinder().find(importlib.import_module(module), module, globs={})
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    report = []
+    for test in tests:
+        runner.run(test, out=report.append)
+    assert runner.tries, f'{module}: no example found'
+    assert not runner.failures, ''.join(report)
 
 
 # ----------------------------------------------------------------------------- the site
