@@ -107,16 +107,16 @@ def main(argv=None) -> int:
                   file=sys.stderr, flush=True)
     rows = []
     for algorithm, window in configs:
-        runs = []
+        per_seed = []
         for seed in args.seeds:
             metrics = futures[algorithm, window, seed].result()
-            runs.append(dict(seed=seed, test_accuracy=metrics['test_accuracy'],
-                             train_accuracy=metrics['train_accuracy'][-1],
-                             wall_time_s=metrics['wall_time_s']))
-        accuracies = [r['test_accuracy'] for r in runs]
-        rows.append(dict(algorithm=algorithm, window=window, runs=runs,
+            per_seed.append(dict(seed=seed, test_accuracy=metrics['test_accuracy'],
+                                 train_accuracy=metrics['train_accuracy'][-1],
+                                 wall_time_s=metrics['wall_time_s']))
+        accuracies = [r['test_accuracy'] for r in per_seed]
+        rows.append(dict(algorithm=algorithm, window=window, runs=per_seed,
                          mean=float(np.mean(accuracies)),
-                         std=float(np.std(accuracies, ddof=1)) if len(runs) > 1 else None))
+                         std=float(np.std(accuracies, ddof=1)) if len(per_seed) > 1 else None))
     stored = futures[runs[0]].result()['run_config']
     task = {k: stored.get(k) for k in ('samples', 'size', 'steps', 'cues', 'delay', 'tau',
                                        'epochs', 'batch_size', 'lr', 'clip_norm', 'channels',
