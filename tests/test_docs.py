@@ -1,5 +1,6 @@
-"""The README example and the documentation's code run as written; the site builds with
-warnings as errors and documents every public name."""
+"""The examples of the README and the documentation pages (python blocks and shell commands)
+and of the package's docstrings run as written; the site builds with warnings as errors and
+documents every public name."""
 import doctest
 import importlib
 import importlib.util
@@ -54,6 +55,7 @@ def test_page_examples_run(page, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize('page', SLOW_PAGES)
 def test_page_examples_run_with_the_long_ones(page, tmp_path):
+    """The whole page, its long runs included."""
     proc = run_examples(ROOT / page, tmp_path, slow=True, timeout=4 * 3600)
     assert proc.returncode == 0, proc.stderr[-6000:]
 

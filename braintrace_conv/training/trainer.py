@@ -188,7 +188,7 @@ class Trainer:
       >>> train, test = moving_bars(32, T=10, size=(8, 8), seed=0).split(0.25, seed=0)
       >>> model = recurrent_conv_snn(train.frame_shape, train.num_classes, channels=(4,))
       >>> trainer = bc.Trainer(bc.ES_D_RTRL(model), optax.adam(5e-3))
-      >>> history = trainer.fit(train, epochs=2, batch_size=8, eval_dataset=test, progress=False)
+      >>> history = trainer.fit(train, epochs=2, batch_size=8, progress=False)
       >>> [record['epoch'] for record in history]       # one record per epoch
       [1, 2]
       >>> sorted(trainer.evaluate(test))                 # test accuracy and loss, spike rates
