@@ -762,8 +762,8 @@ class Trainer:
           metrics of the period before it and the held-out ones) and ``finished``.
 
         Examples:
-          A generated recording of 5 s with labelled gestures, played in chunks of 100 steps
-          of 1 ms, one update per chunk:
+          A generated recording of 5 s with one labelled gesture, played in chunks of 100
+          steps of 1 ms:
 
           >>> import tempfile, optax
           >>> import braintrace_conv as bc
@@ -776,10 +776,10 @@ class Trainer:
           >>> model = recurrent_conv_snn(stream.frame_shape, 6, channels=(4,))
           >>> trainer = bc.Trainer(bc.ES_D_RTRL(model), optax.adam(1e-2))
           >>> result = trainer.fit_stream(stream, progress=False)
-          >>> result['steps'], result['chunks'], result['finished']
-          (4902, 50, True)
-          >>> 0 <= result['online']['segment_accuracy'] <= 1    # gestures decided online
-          True
+          >>> result['steps'], result['chunks'], result['updates']  # one per labelled chunk
+          (4902, 50, 17)
+          >>> result['online']['segments']     # gestures played, each decided by its steps' vote
+          1
         """
         return stream_run.fit_stream(
             self, stream, eval_stream=eval_stream, eval_every=eval_every, max_steps=max_steps,
