@@ -16,18 +16,23 @@ marks the block:
 
 Run as ``python3 page_examples.py PAGE [--slow]`` in the directory to run it in. A failure
 prints ``PAGE:LINE: what failed`` (the page's own line numbers) and exits 1. The commands
-``braintrace-conv`` and ``python3`` are this interpreter's.
+``braintrace-conv`` and ``python3`` are this interpreter's. ``python3 page_examples.py
+--serve`` runs pages on request instead, each in a fresh process (see :func:`serve`).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import re
+import select
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 MARKERS = ('fragment', 'slow')
@@ -141,6 +146,19 @@ def _script(block: Block) -> str:
     return '\n'.join(parts) + '\n'
 
 
+def _run_bash(block: Block, env: dict) -> subprocess.CompletedProcess:
+    """Run a bash block's script in a process group of its own, which a time limit (a
+    ``TimeoutError`` from ``SIGALRM``) ends whole, the commands it started included."""
+    with subprocess.Popen(['bash', '-c', _script(block)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate()
+        except TimeoutError:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
 def _shims(folder: pathlib.Path) -> None:
     """``braintrace-conv`` and ``python3`` as this interpreter runs them."""
     python = shlex.quote(sys.executable)
@@ -217,8 +235,11 @@ def run_page(path, *, slow: bool = False) -> int:
                     print(_python_error(page, block, error), file=sys.stderr)
                     return 1
             else:
-                proc = subprocess.run(['bash', '-c', _script(block)], env=env,
-                                      capture_output=True, text=True)
+                try:
+                    proc = _run_bash(block, env)
+                except TimeoutError as error:
+                    print(f'{page}:{block.line}: the block stopped: {error}', file=sys.stderr)
+                    return 1
                 sys.stdout.write(proc.stdout)
                 if proc.returncode:
                     print(_bash_error(page, block, proc), file=sys.stderr)
@@ -226,6 +247,74 @@ def run_page(path, *, slow: bool = False) -> int:
     return 0
 
 
+def serve(workers: int = 2) -> None:
+    """Run pages on request, ``workers`` at a time. Each line of stdin is a JSON list
+    ``[id, page, directory, slow, timeout_s]``; each page run in its ``directory`` is
+    answered, in the order they finish, by a line ``{"id", "returncode", "stdout",
+    "stderr"}`` on stdout. Each page runs in a child forked from this process after it has
+    imported the library, before JAX has started a backend: a fresh session, as a reader's,
+    without importing JAX again for each page. A page that runs past ``timeout_s`` fails."""
+    os.environ['MPLBACKEND'] = 'Agg'                 # before the library imports matplotlib
+    import braintrace_conv  # noqa: F401 - what every page imports, once
+    import optax  # noqa: F401
+    waiting, running, unread, closed = [], {}, b'', False
+    while waiting or running or not closed:
+        while waiting and len(running) < workers:
+            request_id, *request = waiting.pop(0)
+            running.update(_start(request_id, *request))
+        if not closed and select.select([0], [], [], 0.05)[0]:
+            chunk = os.read(0, 1 << 16)
+            closed = not chunk
+            *lines, unread = (unread + chunk).split(b'\n')
+            waiting += [json.loads(line) for line in lines if line.strip()]
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                break
+            request_id, out, err = running.pop(pid)
+            with out, err:
+                out.seek(0)
+                err.seek(0)
+                reply = {'id': request_id, 'returncode': os.waitstatus_to_exitcode(status),
+                         'stdout': out.read(), 'stderr': err.read()}
+            sys.stdout.write(json.dumps(reply) + '\n')
+            sys.stdout.flush()
+        if closed and running:
+            time.sleep(0.05)
+
+
+def _start(request_id, page, directory, slow, timeout_s) -> dict:
+    """Fork a child that runs ``page`` in ``directory``, its output into two files;
+    ``{pid: (request_id, stdout file, stderr file)}``."""
+    out, err = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid:
+        return {pid: (request_id, out, err)}
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)   # the requests are not the page's input
+    os.dup2(out.fileno(), 1)
+    os.dup2(err.fileno(), 2)
+    returncode = 1
+    try:
+        signal.signal(signal.SIGALRM, _timed_out)
+        signal.alarm(timeout_s)
+        os.chdir(directory)
+        returncode = run_page(page, slow=slow)
+    except BaseException:                           # noqa: B036 - reported, never lost
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(returncode)
+
+
+def _timed_out(signum, frame):
+    raise TimeoutError('the page ran past its time limit')
+
+
 if __name__ == '__main__':
     args = sys.argv[1:]
-    sys.exit(run_page(args[0], slow='--slow' in args[1:]))
+    if args == ['--serve']:
+        serve()
+    else:
+        sys.exit(run_page(args[0], slow='--slow' in args[1:]))

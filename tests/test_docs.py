@@ -4,12 +4,14 @@ documents every public name."""
 import doctest
 import importlib
 import importlib.util
+import json
 import pathlib
 import re
 import runpy
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -35,18 +37,65 @@ SLOW_PAGES = [p for p in PAGES if any(b.marker == 'slow' for b in page_examples.
 PRINTED = {'README.md': ('exact (instantaneous', 'approximate trace')}   # learner.report()
 
 
-def run_examples(page, directory, *, slow=False, timeout=900):
-    """Run a page's examples in ``directory`` as a fresh process; the finished process."""
-    return subprocess.run([sys.executable, str(page_examples.__file__), str(page),
-                           *(['--slow'] if slow else [])],
-                          cwd=directory, capture_output=True, text=True, timeout=timeout)
+class PageRunner:
+    """Runs pages' examples through ``page_examples.serve``: each page in a fresh process
+    (forked from one that has imported the library), two at a time."""
+
+    def __init__(self):
+        self.server = subprocess.Popen([sys.executable, str(page_examples.__file__), '--serve'],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.submitted, self.replies = {}, {}
+
+    def submit(self, page, directory, *, slow=False, timeout=900) -> str:
+        """Start running ``page``'s examples in ``directory``; the request's id."""
+        request_id = f'{len(self.submitted)}:{page}'
+        self.submitted[request_id] = str(page)
+        self.server.stdin.write(json.dumps([request_id, str(page), str(directory), slow,
+                                            timeout]) + '\n')
+        self.server.stdin.flush()
+        return request_id
+
+    def result(self, request_id) -> subprocess.CompletedProcess:
+        """The finished run of a submitted page, once it has finished."""
+        while request_id not in self.replies:
+            line = self.server.stdout.readline()
+            assert line, f'the page server stopped (exit status {self.server.wait()})'
+            reply = json.loads(line)
+            self.replies[reply['id']] = reply
+        reply = self.replies.pop(request_id)
+        return subprocess.CompletedProcess(self.submitted[request_id], reply['returncode'],
+                                           reply['stdout'], reply['stderr'])
+
+    def run(self, page, directory, **options) -> subprocess.CompletedProcess:
+        return self.result(self.submit(page, directory, **options))
+
+    def close(self):
+        self.server.stdin.close()
+        self.server.wait()
+
+
+@pytest.fixture(scope='module')
+def page_runner(request, tmp_path_factory):
+    """A ``PageRunner`` that has already submitted every page that this session's
+    ``test_page_examples_run`` will check, each in an empty directory of its own, so that
+    the pages run ahead of their tests; ``page_runner.ahead`` maps a page to its request."""
+    runner = PageRunner()
+    runner.ahead = {}
+    for item in request.session.items:
+        if getattr(item, 'originalname', None) == 'test_page_examples_run':
+            page = item.callspec.params['page']
+            directory = tmp_path_factory.mktemp(f'page-{pathlib.Path(page).stem}')
+            runner.ahead[page] = runner.submit(ROOT / page, directory)
+    yield runner
+    runner.close()
 
 
 @pytest.mark.parametrize('page', PAGES)
-def test_page_examples_run(page, tmp_path):
+def test_page_examples_run(page, page_runner, tmp_path):
     """The python blocks and shell commands of a page run in page order, from an empty
     directory, as written (long runs are marked and run under ``-m slow``)."""
-    proc = run_examples(ROOT / page, tmp_path)
+    request_id = page_runner.ahead.pop(page, None) or page_runner.submit(ROOT / page, tmp_path)
+    proc = page_runner.result(request_id)
     assert proc.returncode == 0, proc.stderr[-6000:]
     for text in PRINTED.get(page, ()):
         assert text in proc.stdout, f'{page} no longer prints {text!r}'
@@ -54,9 +103,9 @@ def test_page_examples_run(page, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('page', SLOW_PAGES)
-def test_page_examples_run_with_the_long_ones(page, tmp_path):
+def test_page_examples_run_with_the_long_ones(page, tmp_path, page_runner):
     """The whole page, its long runs included."""
-    proc = run_examples(ROOT / page, tmp_path, slow=True, timeout=4 * 3600)
+    proc = page_runner.run(ROOT / page, tmp_path, slow=True, timeout=4 * 3600)
     assert proc.returncode == 0, proc.stderr[-6000:]
 
 
@@ -101,13 +150,13 @@ def _line(text: str) -> int:
                 if line.startswith(text))
 
 
-def test_a_broken_example_is_named_by_page_and_line(tmp_path):
+def test_a_broken_example_is_named_by_page_and_line(tmp_path, page_runner):
     """Blocks run in page order in one directory and namespace, markers are obeyed, and the
     first failure names the page and its line: a command, a python block, a background job."""
     page, run = tmp_path / 'page.md', tmp_path / 'run'
     run.mkdir()
     page.write_text(SYNTHETIC_PAGE)
-    proc = run_examples(page, run)
+    proc = page_runner.run(page, run)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith(f'{page}:{_line("braintrace-conv")}: `braintrace-conv train '
                                   f'--no-such-option` exited with status 2'), proc.stderr
@@ -121,8 +170,27 @@ def test_a_broken_example_is_named_by_page_and_line(tmp_path):
         page.write_text(SYNTHETIC_PAGE.replace(old, new))
         for made in run.iterdir():
             made.unlink()
-        proc = run_examples(page, run)
+        proc = page_runner.run(page, run)
         assert proc.returncode == 1 and f'{page}:{failure}' in proc.stderr, proc.stderr
+
+
+def test_a_page_past_its_time_limit_fails_naming_the_block(tmp_path, page_runner):
+    """The block that runs past the time limit is named, and the commands it started end."""
+    page = tmp_path / 'page.md'
+    page.write_text('# A page\n\n```bash\nsleep 61 &\necho $! > sleeper.pid\nsleep 62\n```\n')
+    start = time.monotonic()
+    proc = page_runner.run(page, tmp_path, timeout=1)
+    assert time.monotonic() - start < 30               # not after the commands' 60 s
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f'{page}:4: the block stopped: the page ran past its time '
+                                  f'limit'), proc.stderr
+    sleeper = pathlib.Path('/proc', (tmp_path / 'sleeper.pid').read_text().strip(), 'stat')
+    for _ in range(50):         # killed: gone, or a zombie ('Z') until its new parent reaps it
+        if not sleeper.exists() or sleeper.read_text().split(')')[-1].split()[0] == 'Z':
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the page's background command was left running")
 
 
 def test_the_markers_do_not_show_in_the_built_pages(site):
