@@ -14,6 +14,9 @@ marks the block:
   program, an install line, commands for several machines);
 * ``<!-- example: slow -->``: a long run, skipped unless ``--slow`` is given.
 
+The ``braintrace-conv`` commands of a block that is not run are still parsed by the
+command's parser, so that an option renamed or removed shows on the page's line.
+
 Run as ``python3 page_examples.py PAGE [--slow]`` in the directory to run it in. A failure
 prints ``PAGE:LINE: what failed`` (the page's own line numbers) and exits 1. The commands
 ``braintrace-conv`` and ``python3`` are this interpreter's. ``python3 page_examples.py
@@ -198,6 +201,28 @@ def check_syntax(page: str, block: Block) -> str | None:
     return None
 
 
+def check_options(page: str, block: Block) -> str | None:
+    """An error message for a ``braintrace-conv`` command of the bash block whose command
+    line the command's parser refuses (an unknown option, a value of the wrong form), else
+    ``None``. Nothing is run: only the command line is read."""
+    from braintrace_conv.cli.parser import UsageError, build_parser
+    for line, command in commands(block):
+        words = shlex.split(command.replace('\\\n', ''), comments=True)   # joined lines
+        for start in (i for i, word in enumerate(words) if word == 'braintrace-conv'):
+            argv = []
+            for word in words[start + 1:]:
+                if word in ('&&', '||', ';', '|', '&'):
+                    break
+                argv.append(word)
+            if '--help' in argv or '-h' in argv:
+                continue
+            try:
+                build_parser().parse_args(argv)
+            except UsageError as error:
+                return f'{page}:{line}: `{command}` is refused: {error}'
+    return None
+
+
 def display_name(path) -> str:
     """``path`` relative to the repository (``docs/guide/training.md``) when it lies in it."""
     path = pathlib.Path(path).resolve()
@@ -225,6 +250,10 @@ def run_page(path, *, slow: bool = False) -> int:
                 print(error, file=sys.stderr)
                 return 1
             if block.marker == 'fragment' or (block.marker == 'slow' and not slow):
+                error = check_options(page, block) if block.language == 'bash' else None
+                if error:
+                    print(error, file=sys.stderr)
+                    return 1
                 continue
             if block.file:
                 pathlib.Path(block.file).write_text(block.code)

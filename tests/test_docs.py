@@ -125,6 +125,7 @@ not_defined_anywhere            # a fragment: parsed, never run
 <!-- example: slow -->
 ```bash
 exit 3
+braintrace-conv train --epochs 2 --out runs/long   # not run, but its options are read
 ```
 
 ```bash
@@ -158,13 +159,18 @@ def test_a_broken_example_is_named_by_page_and_line(tmp_path, page_runner):
     page.write_text(SYNTHETIC_PAGE)
     proc = page_runner.run(page, run)
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.startswith(f'{page}:{_line("braintrace-conv")}: `braintrace-conv train '
-                                  f'--no-such-option` exited with status 2'), proc.stderr
+    assert proc.stderr.startswith(f'{page}:{_line("braintrace-conv train --no")}: '
+                                  f'`braintrace-conv train --no-such-option` exited with status '
+                                  f'2'), proc.stderr
     assert 'unrecognized arguments: --no-such-option' in proc.stderr   # the command's error
 
     for old, new, failure in (
             ('true &', 'false &', f'{_line("true &")}: `false &` exited with status 1'),
             ("'hello'", "'bye'", f'{_line("assert seen")}: raised AssertionError'),
+            ('--epochs 2', '--epoch-count 2',
+             f"{_line('braintrace-conv train --epochs')}: `braintrace-conv train --epoch-count "
+             f"2 --out runs/long   # not run, but its options are read` is refused: "
+             f"unrecognized arguments: --epoch-count 2"),
             ('example: slow', 'example: slowly',
              f"{_line('<!-- example: slow')}: unknown example marker 'slowly'")):
         page.write_text(SYNTHETIC_PAGE.replace(old, new))
