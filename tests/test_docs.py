@@ -39,12 +39,13 @@ PRINTED = {'README.md': ('exact (instantaneous', 'approximate trace')}   # learn
 
 class PageRunner:
     """Runs pages' examples through ``page_examples.serve``: each page in a fresh process
-    (forked from one that has imported the library), two at a time."""
+    (forked from one that has imported the library), two at a time. ``ahead`` maps a page
+    submitted before its test to its request."""
 
     def __init__(self):
         self.server = subprocess.Popen([sys.executable, str(page_examples.__file__), '--serve'],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.submitted, self.replies = {}, {}
+        self.submitted, self.replies, self.ahead = {}, {}, {}
 
     def submit(self, page, directory, *, slow=False, timeout=900) -> str:
         """Start running ``page``'s examples in ``directory``; the request's id."""
@@ -78,9 +79,8 @@ class PageRunner:
 def page_runner(request, tmp_path_factory):
     """A ``PageRunner`` that has already submitted every page that this session's
     ``test_page_examples_run`` will check, each in an empty directory of its own, so that
-    the pages run ahead of their tests; ``page_runner.ahead`` maps a page to its request."""
+    the pages run ahead of their tests."""
     runner = PageRunner()
-    runner.ahead = {}
     for item in request.session.items:
         if getattr(item, 'originalname', None) == 'test_page_examples_run':
             page = item.callspec.params['page']
