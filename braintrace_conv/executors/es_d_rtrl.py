@@ -106,13 +106,16 @@ class _Plan:
 class ES_D_RTRL(OnlineLearner):
     """ES-D-RTRL: online gradients from traces linear in the layer size.
 
-    Every conv or dense op keeps a decaying trace of its input and a trace of how the state
-    it drives responds to its output; each step adds their product to the weight gradient
-    (one weight-gradient convolution, the work BPTT does per step), so memory does not grow
-    with the sequence. Biases, neuron parameters and readouts get exact gradients, kernels
-    an approximation that is exact on a linear leaky layer whose decay is the executor's.
-    Unless ``decay`` is given, each op's decay is inferred from the neurons it feeds (a LIF
-    neuron's ``exp(-dt/tau)``). The recursions and how the decay is inferred:
+    Every conv or dense op keeps a trace of how the state it drives responds to its output
+    and one decaying trace of its input per timescale of those neurons (one for a LIF
+    neuron, two for an ALIF or CubaLIF neuron); each step adds their products to the weight
+    gradient (per timescale one weight-gradient convolution, the work BPTT does per step),
+    so memory does not grow with the sequence. Biases, neuron parameters and readouts get
+    exact gradients, kernels an approximation that is exact on a layer whose state and
+    input Jacobians do not change in time (a linear layer, with any number of coupled
+    states). Unless ``decay`` is given, the decays are inferred from the model (a LIF
+    neuron's ``exp(-dt/tau)``); ``exact`` and ``exact_budget`` give chosen ops D-RTRL's
+    exact traces instead. The recursions and how the decays are inferred:
     :mod:`braintrace_conv.executors.es_d_rtrl` and ``docs/theory.md``;
     :meth:`~braintrace_conv.executors.Learner.report` says how each gradient was computed.
 
