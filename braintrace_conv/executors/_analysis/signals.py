@@ -28,6 +28,8 @@ convolution is recomputed), one function per quantity:
   fixed ``h^{t-1}`` (:func:`parameter_jacobians`) and the input of its trace
   ``A^t R_phi^{t-1} + G_phi^t`` with ``R_phi^{t-1} = dh^{t-1}/dphi`` at fixed
   ``z^{t-1}`` (:func:`dynamic_trace_inputs`).
+
+The last four, what advances the traces, come from :func:`trace_inputs`.
 """
 from __future__ import annotations
 
@@ -164,23 +166,33 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
     eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in graph.cut_vars]
     loss, new_h, out, record, g, gamma, direct_grads = learning_signals(
         graph, hidden, params, weights, inputs, target, loss_fn, op_outputs, eps0)
-    # Every Jacobian below is of the step with ETP outputs replaced by their values.
     at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'], hold_custom)
-    if A is None:
-        A = state_jacobian(graph, hidden, params, weights, inputs, at.op_outputs,
-                           hold_custom=hold_custom)
-    A_next = (state_jacobian(graph, new_h, params, weights, inputs, at.op_outputs,
-                             hold_custom=hold_custom) if next_jacobian else None)
-    z = record['cut']
-    Df = output_jacobian(at, z)
-    G_phi = parameter_jacobians(at)
     if any(grp.chained for grp in graph.groups):
-        g = chained_learning_signal(at, eps0, z, g)
-    new_release = release_jacobians(at, z, release)
-    D = transition(graph, A, release)
-    phi_inst, phi_in = dynamic_trace_inputs(graph, A, G_phi, release)
-    return StepSignals(loss, new_h, out, record['op_inputs'], g, gamma, direct_grads, D, Df,
-                       phi_inst, phi_in, new_release, A_next)
+        g = chained_learning_signal(at, eps0, record['cut'], g)
+    return StepSignals(loss, new_h, out, record['op_inputs'], g, gamma, direct_grads,
+                       **trace_inputs(at, record['cut'], new_h, release, A=A,
+                                      next_jacobian=next_jacobian))
+
+
+def trace_inputs(at: StepPoint, z, new_hidden, release, *, A=None,
+                 next_jacobian: bool = False) -> dict:
+    """What advances the traces by one step, from the step at its point ``at`` (its ETP
+    outputs in place of the ops), its cut values ``z`` and new hidden leaves
+    ``new_hidden``: the :class:`StepSignals` fields ``D, Df, phi_inst, phi_in, release,
+    A_next`` (``A``, ``next_jacobian`` and ``release`` as for :func:`step_signals`).
+
+    A step evaluated once, with its ops, gives ``z``, ``new_hidden`` and the ops' outputs
+    (:meth:`~.graph.StepGraph.run`'s record): nothing of it is evaluated again here but
+    the step's elementwise part, in the forward and reverse passes of its Jacobians."""
+    graph, hold = at.graph, at.hold_custom
+    if A is None:
+        A = state_jacobian(graph, at.hidden, at.params, at.weights, at.inputs, at.op_outputs,
+                           hold_custom=hold)
+    A_next = (state_jacobian(graph, new_hidden, at.params, at.weights, at.inputs,
+                             at.op_outputs, hold_custom=hold) if next_jacobian else None)
+    phi_inst, phi_in = dynamic_trace_inputs(graph, A, parameter_jacobians(at), release)
+    return dict(D=transition(graph, A, release), Df=output_jacobian(at, z), phi_inst=phi_inst,
+                phi_in=phi_in, release=release_jacobians(at, z, release), A_next=A_next)
 
 
 def scalar_loss(loss_fn, output, target):
