@@ -15,13 +15,16 @@ passed to ``loss_fn``, ``k`` an op index.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from ..primitive import apply_state_jacobian
-from ._analysis.signals import scalar_loss, state_jacobian, step_signals
+from ._analysis.signals import (StepSignals, scalar_loss, state_jacobian, step_point,
+                                step_signals, trace_inputs)
 from ._analysis.step import StepJaxpr
 
 
@@ -38,10 +41,6 @@ def scanned_loss(step: StepJaxpr, loss_fn, params, hidden, xs, targets, return_o
     return jnp.sum(losses), (h_final, outs)
 
 
-def _no_loss(output, target):
-    return jnp.zeros(())
-
-
 # ----------------------------------------------------------------------------- one step
 def first_jacobian(learner, graph, hidden, params, weights, xs):
     """The first step's state Jacobian when each step evaluates the next one's (see
@@ -54,15 +53,19 @@ def first_jacobian(learner, graph, hidden, params, weights, xs):
         {k: zeros_like(op.y_aval) for k, op in enumerate(graph.ops)})
 
 
-def time_step(learner, graph, params, weights, carry, x, target, loss_fn, op_outputs=None):
+def time_step(learner, graph, params, weights, carry, x, target, loss_fn):
     """One time step: ``(signals, new carry)`` with the carry ``((h, A), state)``."""
     (h, a), state = carry
     sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
-                       state['release'], A=a, next_jacobian=learner._early_jacobian(graph),
-                       op_outputs=op_outputs)
-    state = dict(ops=learner._advance_ops(graph, state['ops'], sig, weights),
-                 release=sig.release, dyn=dynamic_traces(learner, graph, state['dyn'], sig))
-    return sig, ((sig.new_hidden, sig.A_next), state)
+                       state['release'], A=a, next_jacobian=learner._early_jacobian(graph))
+    return sig, ((sig.new_hidden, sig.A_next), advance_state(learner, graph, state, sig, weights))
+
+
+def advance_state(learner, graph, state, sig, weights):
+    """The algorithm's state (per-op traces, release Jacobians, dynamic traces) advanced by
+    one step with the trace inputs of ``sig``."""
+    return dict(ops=learner._advance_ops(graph, state['ops'], sig, weights), release=sig.release,
+                dyn=dynamic_traces(learner, graph, state['dyn'], sig))
 
 
 def dynamic_traces(learner, graph, traces, sig):
@@ -121,15 +124,25 @@ def traced_sequence(learner, graph, loss_fn, params, hidden, state, xs, targets,
 
 def windowed_sequence(learner, graph, loss_fn, params, hidden, state, xs, targets,
                       return_outputs):
-    """Blocks of ``learner.window`` steps: BPTT inside, traces across (``docs/theory.md``)."""
+    """Blocks of ``learner.window`` steps: BPTT inside, traces across (``docs/theory.md``).
+
+    Each block evaluates each of its steps once (:func:`_block`). When ``window`` does not
+    divide ``T``, the last, shorter block is a second copy of the block in the program. A
+    block of ``window`` steps with the missing ones masked would save that copy's compile
+    time and memory, but compute the missing steps on any backend: 12 of 100 at T = 100,
+    ``window`` = 16, where it took 1.1-1.2x the time per sequence (CPU)."""
     window = learner.window
     T = np.shape(jax.tree.leaves(xs)[0])[0]
     weights, pull_back = jax.vjp(graph.weights, params)
     dtype = learner.dtype(graph)
     zeros = lambda a: jnp.zeros(jnp.shape(a), dtype)
+    # the state Jacobian a step evaluates for the next one carries across blocks
+    first_a = first_jacobian(learner, graph, hidden, params, weights, xs)
+    in_forward = _advance_in_forward(learner, graph, params, weights, hidden, first_a, state,
+                                     xs)
     block = lambda carry, inp: _block(learner, graph, loss_fn, params, weights, return_outputs,
-                                      carry, inp)
-    carry = (hidden, state, [zeros(p) for p in params], jax.tree.map(zeros, weights),
+                                      in_forward, carry, inp)
+    carry = (hidden, first_a, state, [zeros(p) for p in params], jax.tree.map(zeros, weights),
              [jnp.zeros(graph.groups[dp.group].shape, dtype) for dp in graph.dynamic_params],
              jnp.zeros((), jnp.result_type(float)))
     n_full, outs = T // window, []
@@ -146,54 +159,135 @@ def windowed_sequence(learner, graph, loss_fn, params, hidden, state, xs, target
         rest = lambda tree: jax.tree.map(lambda a: a[n_full * window:], tree)
         carry, o = block(carry, (rest(xs), rest(targets)))
         outs.append(o)
-    hidden, state, acc_p, acc_w, acc_dyn, loss = carry
+    hidden, _, state, acc_p, acc_w, acc_dyn, loss = carry
     outs = (jax.tree.map(lambda *a: jnp.concatenate(a), *outs) if return_outputs else None)
     grads = gather(graph, pull_back, weights, acc_w, acc_dyn, dict(enumerate(acc_p)))
     return loss, grads, hidden, state, outs
 
 
-def _block(learner, graph, loss_fn, params, weights, return_outputs, carry, inp):
-    """One block: BPTT of its loss from the stored block-start state, the block-start
-    cotangent contracted with the traces held there, then the traces advanced through
-    the block on the ops' outputs of its forward pass (no op is evaluated twice)."""
-    hidden, state, acc_p, acc_w, acc_dyn, loss_sum = carry
+def _block(learner, graph, loss_fn, params, weights, return_outputs, in_forward, carry, inp):
+    """One block in one pass over its steps (:func:`_block_forward`): BPTT of the block's
+    loss from its stored start state, that state's cotangent contracted with the traces
+    held there (once per block), and the traces advanced through the block, in the
+    forward pass (``in_forward``) or after the backward pass on the trace inputs the
+    forward pass kept (:func:`_advance_in_forward` says which)."""
+    hidden, a, state, acc_p, acc_w, acc_dyn, loss_sum = carry
     xb, tb = inp
     dtype = learner.dtype(graph)
     traced = sorted(graph.group_of_leaf)     # hidden leaves that carry traces
-    loss, vjp, (outs, op_outputs) = jax.vjp(
-        lambda p, h_traced: _block_loss(graph, loss_fn, p, hidden, traced, h_traced, xb, tb,
-                                        return_outputs),
+    loss, vjp, (hidden, a, new_state, outs, kept) = jax.vjp(
+        lambda p, h_traced: _block_forward(learner, graph, loss_fn, p, params, weights, hidden,
+                                           traced, h_traced, a, state, xb, tb, in_forward,
+                                           return_outputs),
         params, [hidden[leaf] for leaf in traced], has_aux=True)
     g_params, g_hidden = vjp(jnp.ones_like(loss))
-    dw, d_dyn = learner._boundary(graph, state, dict(zip(traced, g_hidden)), weights)
+    boundary = learner._boundary(graph, state, dict(zip(traced, g_hidden)), weights)
+    if not in_forward:
+        advanced, boundary = _advance_after(learner, graph, state, kept, weights, boundary)
+        new_state = dict(advanced, release=new_state['release'])
+    dw, d_dyn = boundary
     acc_p = [a + b.astype(dtype) for a, b in zip(acc_p, g_params)]
     acc_w = [jax.tree.map(lambda a, b: a + b.astype(dtype), a, dw[k]) if k in dw else a
              for k, a in enumerate(acc_w)]
     acc_dyn = [a + b for a, b in zip(acc_dyn, d_dyn)]
-    first_a = first_jacobian(learner, graph, hidden, params, weights, xb)
-    ((hidden, _), state), _ = lax.scan(
-        lambda c, step_in: (time_step(learner, graph, params, weights, c, step_in[0], None,
-                                      _no_loss, op_outputs=step_in[1])[1], None),
-        ((hidden, first_a), state), (xb, op_outputs))
-    return (hidden, state, acc_p, acc_w, acc_dyn, loss_sum + loss.astype(loss_sum.dtype)), outs
+    return (hidden, a, new_state, acc_p, acc_w, acc_dyn,
+            loss_sum + loss.astype(loss_sum.dtype)), outs
 
 
-def _block_loss(graph, loss_fn, params, hidden, traced, h_traced, xb, tb, return_outputs):
-    """``(loss of the block, (outputs or None, the ops' outputs per step))`` from the hidden
-    state ``hidden`` with its traced leaves replaced by ``h_traced``."""
+def _block_forward(learner, graph, loss_fn, params, params_held, weights, hidden, traced,
+                   h_traced, a, state, xb, tb, in_forward, return_outputs):
+    """``(loss of the block, (final hidden leaves, A, state, outputs or None, trace inputs
+    per step or None))`` from ``hidden`` with its traced leaves replaced by ``h_traced``.
+
+    Each step is evaluated once (:func:`_evaluated_step`). With ``in_forward`` the traces
+    advance here and ``state`` is returned advanced; otherwise only its release
+    Jacobians are, and every step's trace inputs are returned."""
     h = list(hidden)
     for leaf, v in zip(traced, h_traced):
         h[leaf] = v
 
-    def body(h, inp):
+    def body(carry, inp):
+        h, a, st = carry
         x, target = inp
-        new_h, out, rec = graph.run(h, params, jax.tree.leaves(x))
+        new_h, out, kept, release, a_next = _evaluated_step(
+            learner, graph, params, params_held, weights, h, a, st['release'],
+            jax.tree.leaves(x))
         out = jax.tree.unflatten(graph.step.out_tree, out)
-        return new_h, (scalar_loss(loss_fn, out, target), out if return_outputs else None,
-                       jax.tree.map(lax.stop_gradient, rec['op_outputs']))
+        if in_forward:
+            st, kept = advance_state(learner, graph, st, _advance_signals(kept, release),
+                                     weights), None
+        else:
+            st = dict(release=release)
+        return (new_h, a_next, st), (scalar_loss(loss_fn, out, target),
+                                     out if return_outputs else None, kept)
 
-    _, (losses, outs, op_outputs) = lax.scan(body, h, (xb, tb))
-    return jnp.sum(losses), (outs, op_outputs)
+    start = state if in_forward else dict(release=state['release'])
+    (h, a, st), (losses, outs, kept) = lax.scan(body, (h, a, start), (xb, tb))
+    return jnp.sum(losses), (h, a, st, outs, kept)
+
+
+def _evaluated_step(learner, graph, params, params_held, weights, h, a, release, x):
+    """One step evaluated once, with its ops, differentiable in ``params`` and ``h``:
+    ``(new hidden leaves, outputs, trace inputs, release, A_next)``. The trace inputs
+    (``op_inputs, D, Df, phi_in`` of :class:`StepSignals`, of the grouped ops) and the
+    release Jacobians and next state Jacobian are taken from that evaluation's values,
+    held (not differentiated), at ``params_held`` (the values of ``params``)."""
+    held = lax.stop_gradient
+    new_h, out, rec = graph.run(h, params, x)
+    at = step_point(graph, held(h), params_held, weights, x, held(rec['op_outputs']), False)
+    sig = trace_inputs(at, held(rec['cut']), held(new_h), release, A=a,
+                       next_jacobian=learner._early_jacobian(graph))
+    kept = dict(op_inputs={k: held(v) for k, v in rec['op_inputs'].items()
+                           if graph.ops[k].group is not None},
+                D=sig['D'], Df=sig['Df'], phi_in=sig['phi_in'])
+    return new_h, out, kept, sig['release'], sig['A_next']
+
+
+def _advance_signals(kept, release):
+    """The trace inputs ``kept`` of a step and its ``release`` as :class:`StepSignals`, the
+    fields :meth:`~.base.OnlineLearner._advance_ops` reads (the others None)."""
+    return StepSignals(None, None, None, kept['op_inputs'], None, None, None, kept['D'],
+                       kept['Df'], None, kept['phi_in'], release)
+
+
+def _advance_after(learner, graph, state, kept, weights, boundary):
+    """``(state advanced through a block on the trace inputs its forward pass kept,
+    boundary)``, the release Jacobians None.
+
+    The boundary terms (``({op: dw}, d_dyn)``) were contracted from the traces that this
+    loop advances in place. Handed through it, they make XLA finish that reading before
+    the loop starts; otherwise it copied the traces twice per block (D-RTRL's on the
+    standard workload, 14 MiB: 2.4x the XLA temporaries at k = 4)."""
+    def advance(carry, kept_t):
+        st, handed, first = carry
+        st = advance_state(learner, graph, st, _advance_signals(kept_t, None), weights)
+        handed = jax.tree.map(lambda b, h: jnp.where(first, b, h), boundary, handed)
+        return (st, handed, jnp.zeros_like(first)), None
+
+    (state, boundary, _), _ = lax.scan(
+        advance, (dict(state, release=None), jax.tree.map(jnp.zeros_like, boundary),
+                  jnp.ones((), bool)), kept)
+    return state, boundary
+
+
+def _advance_in_forward(learner, graph, params, weights, hidden, a, state, xs) -> bool:
+    """Whether blocks advance the traces in their forward pass rather than after their
+    backward pass: when the traces take no more bytes than one step's trace inputs.
+
+    In the forward pass, a block holds the traces of its start until the backward pass
+    has contracted them: XLA copies them, twice per block (D-RTRL on the standard
+    workload: 1.08-1.16x the time of advancing after, k = 4 and 16, CPU). After the
+    backward pass, a block holds every step's trace inputs (``window`` of them), written
+    in the forward pass and read again (ES-D-RTRL: 1.06x and 1.18x the time of advancing
+    in the forward pass at k = 4 and 16, the same at k = 1). Decided on bytes, so alike on
+    every backend: ES-D-RTRL's traces are about one step's inputs, D-RTRL's kernel traces
+    many steps' worth."""
+    x = [leaf[0] for leaf in jax.tree.leaves(xs)]
+    kept = jax.eval_shape(lambda: _evaluated_step(learner, graph, params, params, weights,
+                                                  hidden, a, state['release'], x)[2])
+    nbytes = lambda tree: sum(math.prod(v.shape) * jnp.dtype(v.dtype).itemsize
+                              for v in jax.tree.leaves(tree))
+    return nbytes((state['ops'], state['dyn'])) <= nbytes(kept)
 
 
 def contract_boundary(learner, graph, state, g_hidden, weights):

@@ -420,10 +420,13 @@ class OnlineLearner(Learner):
     the state cut, ``zbar = R^{t0 T} hbar``, and contracted with the traces held
     at ``t0`` like a learning signal (plus ``hbar . R_phi^{t0}`` for parameters
     inside the dynamics), since ``dh^{t0}/dtheta = R^{t0} E^{t0} + R_phi^{t0}``.
-    The traces are then advanced through the block by the per-step recursion.
+    The traces are then advanced through the block by the per-step recursion, on
+    what BPTT's forward pass computed: each step of a block is evaluated once.
     Only paths that cross a block boundary through recurrent or cross-layer
     dynamics are truncated; ``k >= T`` is BPTT. Memory: ``k`` steps of BPTT
-    residuals plus the traces, independent of ``T``.
+    residuals, the traces, and a second copy of them where they take no more bytes
+    than one step's trace inputs, else ``k`` steps of those inputs; independent of
+    ``T``.
 
     Mixed precision: with ``trace_dtype`` (e.g. ``jnp.float32`` for a bfloat16
     model) the step runs in the model's dtype while every trace and gradient
@@ -493,7 +496,8 @@ class OnlineLearner(Learner):
 
     @abc.abstractmethod
     def _advance_ops(self, graph: StepGraph, state, sig: StepSignals, weights):
-        """The per-op traces advanced by one step."""
+        """The per-op traces advanced by one step, from the trace inputs of ``sig``
+        (``op_inputs``, ``D``, ``Df``): in a window, its other fields are None."""
 
     @abc.abstractmethod
     def _contract(self, graph: StepGraph, k: int, state, g, weights):

@@ -12,6 +12,7 @@ import saiunit as u
 
 import braintrace_conv as bc
 from braintrace_conv import nn
+from braintrace_conv.executors import _scan
 from snn_reference import EXACT, cosine, rel_err, xent
 from user_models import Parametric, UserConvNet, ours
 
@@ -121,6 +122,46 @@ def test_a_windowed_gradient_holds_the_same_memory_at_every_length(name):
     input_bytes = user_data(256)[0][:240].nbytes        # what a copy of xs would add
     for short, long in ((16, 256), (17, 257)):           # whole windows, and a rest
         assert abs(temp_bytes(long) - temp_bytes(short)) < input_bytes / 10
+
+
+@pytest.mark.parametrize('name, make_model, make_data',
+                         [('d-rtrl', Parametric, lambda T: data((2, 7, 2), T, p=0.5)),
+                          ('es-d-rtrl', lambda: UserConvNet(True), user_data)])
+def test_blocks_advance_their_traces_alike_in_the_forward_pass_and_after_it(
+        name, make_model, make_data, monkeypatch):
+    """A block advances its traces in its forward pass or after its backward pass, from the
+    trace inputs its forward pass kept, whichever holds fewer bytes: both give the same
+    loss, gradients, outputs, and hidden state and traces carried to the next call. The
+    models: parameters inside the dynamics and a reset after the spike (release
+    Jacobians); a recurrent op. T = 8, k = 3: a shorter last window."""
+    model = make_model()
+    xs, labels = make_data(T=8)
+    results = []
+    for in_forward in (True, False):
+        monkeypatch.setattr(_scan, '_advance_in_forward', lambda *a, **k: in_forward)
+        learner = EXECUTORS[name](model, window=3)
+        results.append((learner.value_and_grad(xent, xs, labels, return_outputs=True),
+                        learner._carry))
+    for a, b in zip(*map(jax.tree.leaves, results)):
+        assert rel_err(np.asarray(u.get_mantissa(a)), np.asarray(u.get_mantissa(b))) < 1e-12
+
+
+def test_blocks_advance_kernel_traces_after_the_backward_pass():
+    """D-RTRL's kernel traces outweigh a short window's trace inputs, so its blocks hold
+    those; ES-D-RTRL's traces weigh about one step's inputs, so its blocks hold them."""
+    seen = {}
+
+    def spy(learner, *args):
+        seen[type(learner).__name__] = decide(learner, *args)
+        return seen[type(learner).__name__]
+
+    decide = _scan._advance_in_forward
+    xs, labels = user_data(T=4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_scan, '_advance_in_forward', spy)
+        for make in EXECUTORS.values():
+            make(UserConvNet(True), window=2).lower(xent, xs, labels)
+    assert seen == {'D_RTRL': False, 'ES_D_RTRL': True}
 
 
 def test_chunks_that_are_whole_windows_equal_one_call():

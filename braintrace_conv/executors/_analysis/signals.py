@@ -29,7 +29,8 @@ convolution is recomputed), one function per quantity:
   ``A^t R_phi^{t-1} + G_phi^t`` with ``R_phi^{t-1} = dh^{t-1}/dphi`` at fixed
   ``z^{t-1}`` (:func:`dynamic_trace_inputs`).
 
-The last four, what advances the traces, come from :func:`trace_inputs`.
+The last four, what advances the traces, come from :func:`trace_inputs`, also on their
+own: a windowed executor takes them from the step its BPTT evaluates.
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def jacobian_reads_only_state(graph: StepGraph) -> bool:
 
 def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss_fn,
                  release, *, hold_custom: bool = False, A=None,
-                 next_jacobian: bool = False, op_outputs=None) -> StepSignals:
+                 next_jacobian: bool = False) -> StepSignals:
     """Evaluate one step and all learning signals (see module docstring).
 
     Args:
@@ -159,13 +160,10 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
       A: this step's :func:`state_jacobian`, if already evaluated (see
         :func:`jacobian_reads_only_state`); computed here otherwise.
       next_jacobian: also evaluate the next step's, at the new state (``A_next``).
-      op_outputs: the step's ETP outputs (``{op index: y}``) if already computed: no op is
-        evaluated again, but every path through an op is then cut from ``g``,
-        ``gamma`` and the within-step gradients, so only the traces' inputs are valid.
     """
     eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in graph.cut_vars]
     loss, new_h, out, record, g, gamma, direct_grads = learning_signals(
-        graph, hidden, params, weights, inputs, target, loss_fn, op_outputs, eps0)
+        graph, hidden, params, weights, inputs, target, loss_fn, eps0)
     at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'], hold_custom)
     if any(grp.chained for grp in graph.groups):
         g = chained_learning_signal(at, eps0, record['cut'], g)
@@ -204,7 +202,7 @@ def scalar_loss(loss_fn, output, target):
 
 
 def learning_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss_fn,
-                     op_outputs, eps0):
+                     eps0):
     """The step's loss and, from one VJP, ``dL^t/d eps`` per group, ``gamma`` and the
     within-step gradients of the parameters used outside ETP weight slots.
 
@@ -226,7 +224,7 @@ def learning_signals(graph: StepGraph, hidden, params, weights, inputs, target, 
         for leaf, v in zip(direct, direct_values):
             p[leaf] = v
         new_h, out, record = graph.run(hidden, p, inputs, weights=weights,
-                                       op_outputs=op_outputs, eps=dict(zip(graph.cut_vars, eps)),
+                                       eps=dict(zip(graph.cut_vars, eps)),
                                        delta=dict(zip(readouts, deltas)))
         loss = scalar_loss(loss_fn, jax.tree.unflatten(graph.step.out_tree, out), target)
         return loss, (new_h, out, record)

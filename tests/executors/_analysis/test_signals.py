@@ -19,8 +19,7 @@ def _point(model, outputs=2):
     target = jnp.asarray(np.random.default_rng(4).normal(size=(B, outputs)))
     loss_fn = lambda out, tgt: jnp.sum(out * tgt)
     eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in graph.cut_vars]
-    signals = learning_signals(graph, hidden, params, weights, inputs, target, loss_fn, None,
-                               eps0)
+    signals = learning_signals(graph, hidden, params, weights, inputs, target, loss_fn, eps0)
     record = signals[3]
     at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'], False)
     return graph, at, signals, eps0, target
