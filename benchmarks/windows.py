@@ -10,13 +10,17 @@ for k in 1, 2, 4, 8, 16, 32, T (and without a window) on
 * ``standard-ours`` / ``standard-reset``: the standard two-layer workload of
   ``workloads.py`` in both neuron styles (batch 8, 2x32x32).
 
-Cost (float32): median time per sequence and XLA temp memory of ES-D-RTRL and D-RTRL
-with windows against BPTT and the window-free executors, on the standard workload for
-each ``T`` (``--part cost``). Timings depend on the machine's load: take them on an
-otherwise idle machine.
+Cost (float32, ``--part cost``): per workload and ``T``, BPTT, ES-D-RTRL and D-RTRL
+without a window and with each window ``k``, each compiled once (compile time, XLA temp
+memory), then timed in interleaved rounds in one process (the order rotates every round,
+so a drift in the machine's load falls on all alike): median time per sequence, wall
+clock and the process's CPU time, and its ratio to the same executor without a window
+and to BPTT. The workloads are those of the fidelity part (``--workloads``; the standard
+ones at batch 8, 2x32x32, the recurrent ones at batch 4, 2x16x16). The load average is
+recorded before and after each workload's rounds; timings depend on it, ratios much less.
 
     python benchmarks/windows.py --part fidelity --lengths 32
-    python benchmarks/windows.py --part cost --lengths 100 400 --windows 1 4 16
+    python benchmarks/windows.py --part cost --lengths 100 400 --windows 1 4 16 20
 
 Prints Markdown tables and writes JSON (default benchmarks/results/windows.json).
 """
@@ -65,7 +69,8 @@ def recurrent_reset_net():
 
 
 def fidelity_case(name: str, T: int):
-    """``(model, xs (T, B, ...), labels (T, B))``."""
+    """``(model, xs (T, B, ...), labels (T, B))``, ``xs`` in the default float dtype (float64
+    for the fidelity part, float32 for the cost part)."""
     import brainstate
     import jax.numpy as jnp
     from workloads import make_data, make_model
@@ -75,7 +80,7 @@ def fidelity_case(name: str, T: int):
         style = 'ours' if name == 'standard-ours' else 'reset-after-spike'
         model = make_model(style)
         xs, labels = make_data(style, T)
-        return model, xs.astype(jnp.float64), labels
+        return model, xs.astype(jnp.result_type(float)), labels
     brainstate.random.seed(0)
     rng = np.random.default_rng(0)
     xs = rng.random((T, 4, 2, 16, 16)) < 0.15
@@ -85,7 +90,8 @@ def fidelity_case(name: str, T: int):
     else:
         model = recurrent_reset_net()
         xs = xs.transpose(0, 1, 3, 4, 2)
-    return model, jnp.asarray(xs, jnp.float64), jnp.asarray(rng.integers(0, 4, (T, 4)))
+    return (model, jnp.asarray(xs, jnp.result_type(float)),
+            jnp.asarray(rng.integers(0, 4, (T, 4))))
 
 
 def cosines(grads, ref) -> dict:
@@ -119,51 +125,107 @@ def fidelity(name: str, T: int, windows) -> list[dict]:
     return rows
 
 
-def cost(T: int, windows, repeats: int, algorithms) -> list[dict]:
+def load_average() -> list:
+    """The 1-, 5- and 15-minute load averages (empty where the system has none)."""
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return []
+
+
+def cost(name: str, T: int, windows, repeats: int, algorithms) -> list[dict]:
+    import time
+
     import jax
 
     import braintrace_conv as bc
-    from workloads import cross_entropy, make_data, make_model
-    model = make_model('ours')
-    xs, labels = make_data('ours', T)
+    from workloads import cross_entropy
+    model, xs, labels = fidelity_case(name, T)
     learners = {('bptt', None): bc.BPTT(model)}
     make = {'es-d-rtrl': bc.ES_D_RTRL, 'd-rtrl': bc.D_RTRL}
-    for k in [None, *windows]:
-        for name in algorithms:
-            learners[name, k] = make[name](model, window=k)
+    for algorithm in algorithms:
+        for k in [None, *windows]:
+            learners[algorithm, k] = make[algorithm](model, window=k)
     rows = {}
     for key, learner in learners.items():
+        start = time.perf_counter()
         compiled = learner.lower(cross_entropy, xs, labels).compile()
+        compile_s = time.perf_counter() - start
         if repeats:     # warm-up
             jax.block_until_ready(learner.value_and_grad(cross_entropy, xs, labels)[1])
-        rows[key] = dict(algorithm=key[0], window=key[1], T=T, times_s=[],
+        rows[key] = dict(workload=name, algorithm=key[0], window=key[1], T=T, times_s=[],
+                         compile_s=compile_s,
                          temp_mb=compiled.memory_analysis().temp_size_in_bytes / 2**20)
-        print(f"  {key[0]} k={key[1]} T={T}: XLA temp {rows[key]['temp_mb']:.1f} MiB",
-              file=sys.stderr, flush=True)
-    times = interleaved({key: (lambda l=learner: jax.block_until_ready(
-        l.value_and_grad(cross_entropy, xs, labels)[1])) for key, learner in learners.items()},
-        repeats)
+        print(f"  {name} {key[0]} k={key[1]} T={T}: compiled in {compile_s:.1f} s, XLA temp "
+              f"{rows[key]['temp_mb']:.1f} MiB", file=sys.stderr, flush=True)
+    cpu = {key: [] for key in learners}
+
+    def call(key):
+        def run():
+            start = time.process_time()
+            jax.block_until_ready(learners[key].value_and_grad(cross_entropy, xs, labels)[1])
+            cpu[key].append(time.process_time() - start)
+        return run
+
+    load_before = load_average()
+    times = interleaved({key: call(key) for key in learners}, repeats)
+    load = dict(load_before=load_before, load_after=load_average())
+    median = lambda runs: {key: float(np.median(runs[key])) if repeats else float('nan')
+                           for key in rows}
+    wall, cpu_median = median(times), median(cpu)
     for key, row in rows.items():
-        row['times_s'] = times[key]
-    base = float(np.median(rows['bptt', None]['times_s'])) if repeats else float('nan')
-    for row in rows.values():
-        row['median_s'] = float(np.median(row['times_s'])) if repeats else float('nan')
-        row['vs_bptt'] = row['median_s'] / base
-        row['temp_vs_bptt'] = row['temp_mb'] / rows['bptt', None]['temp_mb']
+        row.update(load, times_s=times[key], median_s=wall[key], cpu_times_s=cpu[key],
+                   cpu_s=cpu_median[key], vs_bptt=wall[key] / wall['bptt', None],
+                   vs_no_window=wall[key] / wall[key[0], None],
+                   cpu_vs_no_window=cpu_median[key] / cpu_median[key[0], None],
+                   temp_vs_bptt=row['temp_mb'] / rows['bptt', None]['temp_mb'])
     return list(rows.values())
+
+
+def cost_tables(rows, windows) -> str:
+    """Markdown: the ratio of each window's time to the executor's without one (wall clock;
+    in brackets the process's CPU time, which other processes on the machine disturb
+    less), then every row in full."""
+    timed = lambda v, fmt: '-' if np.isnan(v) else format(v, fmt)
+    head = ' | '.join(f'k = {k}' for k in windows)
+    lines = [f'| workload | T | algorithm | no window: s, vs BPTT | {head} | load before, after |',
+             '|---|---:|---|---:|' + '---:|' * len(windows) + '---|']
+    by_key = {(r['workload'], r['T'], r['algorithm'], r['window']): r for r in rows}
+    for (name, T, algorithm, k), r in by_key.items():
+        if k is not None or algorithm == 'bptt':
+            continue
+        ratio = lambda r: (f"{timed(r['vs_no_window'], '.2f')}x "
+                           f"({timed(r['cpu_vs_no_window'], '.2f')}x)")
+        ratios = ' | '.join(ratio(by_key[name, T, algorithm, w])
+                            if (name, T, algorithm, w) in by_key else '-' for w in windows)
+        load = lambda v: ' '.join(f'{x:.1f}' for x in v) or '-'
+        lines.append(f"| {name} | {T} | {algorithm} | {timed(r['median_s'], '.3f')} s, "
+                     f"{timed(r['vs_bptt'], '.2f')}x | {ratios} | {load(r['load_before'])}; "
+                     f"{load(r['load_after'])} |")
+    lines += ['', '| workload | algorithm | window | T | s / sequence | CPU s | vs no window | '
+              'vs BPTT | compile s | XLA temp MiB | temp vs BPTT |',
+              '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['algorithm']} | {r['window'] or '-'} | {r['T']} | "
+                     f"{timed(r['median_s'], '.3f')} | {timed(r['cpu_s'], '.3f')} | "
+                     f"{timed(r['vs_no_window'], '.2f')}x | {timed(r['vs_bptt'], '.2f')}x | "
+                     f"{r['compile_s']:.1f} | {r['temp_mb']:.1f} | {r['temp_vs_bptt']:.2f} |")
+    return '\n'.join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--part', choices=('fidelity', 'cost'), default='fidelity')
     parser.add_argument('--models', nargs='+', default=list(FIDELITY_MODELS),
-                        choices=FIDELITY_MODELS)
+                        choices=FIDELITY_MODELS, help='workloads (fidelity)')
+    parser.add_argument('--workloads', nargs='+', default=list(FIDELITY_MODELS),
+                        choices=FIDELITY_MODELS, help='workloads (cost)')
     parser.add_argument('--lengths', type=int, nargs='+', default=None,
                         help='T (default: 32 for fidelity, 100 400 for cost)')
     parser.add_argument('--windows', type=int, nargs='+', default=None,
-                        help='k (default: 1 2 4 8 16 32 T for fidelity, 1 4 16 for cost)')
+                        help='k (default: 1 2 4 8 16 32 T for fidelity, 1 4 16 20 for cost)')
     parser.add_argument('--repeats', type=int, default=5,
-                        help='timed rounds (cost; 0: XLA memory only)')
+                        help='timed rounds (cost; 0: compile and XLA memory only)')
     parser.add_argument('--algorithms', nargs='+', default=['es-d-rtrl', 'd-rtrl'],
                         choices=['es-d-rtrl', 'd-rtrl'], help='online executors (cost)')
     parser.add_argument('--out', default=default_path('windows'))
@@ -182,20 +244,21 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"| {r['model']} | {r['algorithm']} | {r['T']} | {r['window'] or '-'} | "
                   + ', '.join(f'{p} {c:.3f}' for p, c in r['cosine'].items()) + ' |')
+    out = (args.out.replace('.json', f'_{args.part}.json') if args.out == default_path('windows')
+           else args.out)
+    machine = dict(jax=jax.__version__, backend=jax.default_backend(),
+                   device=jax.devices()[0].device_kind)
+    if args.part == 'cost':
+        rows, windows = [], args.windows or [1, 4, 16, 20]
+        for name in args.workloads:
+            for T in args.lengths or [100, 400]:
+                rows += cost(name, T, windows, args.repeats, args.algorithms)
+                # after each workload, so a run stopped early keeps what it measured
+                write_results(out, part=args.part, rows=rows, machine=machine)
+        print(f"jax {machine['jax']}, backend {machine['backend']} ({machine['device']})\n")
+        print(cost_tables(rows, windows))
     else:
-        rows = []
-        for T in args.lengths or [100, 400]:
-            rows += cost(T, args.windows or [1, 4, 16], args.repeats, args.algorithms)
-        print('| algorithm | window | T | s / sequence | vs BPTT | XLA temp MiB | temp vs BPTT |')
-        print('|---|---:|---:|---:|---:|---:|---:|')
-        timed = lambda v, fmt: '-' if np.isnan(v) else format(v, fmt)
-        for r in rows:
-            print(f"| {r['algorithm']} | {r['window'] or '-'} | {r['T']} | "
-                  f"{timed(r['median_s'], '.3f')} | {timed(r['vs_bptt'], '.2f')}x | "
-                  f"{r['temp_mb']:.1f} | {r['temp_vs_bptt']:.2f} |")
-    write_results(args.out.replace('.json', f'_{args.part}.json')
-                  if args.out == default_path('windows') else args.out, part=args.part,
-                  rows=rows)
+        write_results(out, part=args.part, rows=rows, machine=machine)
     return 0
 
 
