@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The executors' table (benchmarks/executors.py) and the window cost table
-# (benchmarks/windows.py --part cost) on a GPU, in one command on a fresh machine with this
-# repository checked out:
+# (benchmarks/windows.py --part cost) on a GPU, then the window cost table again on the
+# same machine's CPU (JAX_PLATFORMS=cpu: every core of an otherwise idle machine), in one
+# command on a fresh machine with this repository checked out:
 #
 #     bash benchmarks/gpu.sh OUT_DIR            (or OUT=OUT_DIR bash benchmarks/gpu.sh)
 #
-# writes into OUT_DIR: machine.txt (GPU, driver, jax), executors.json / .md,
-# windows_cost.json / .md and log.txt (everything printed), six files. The benchmarks stop
-# after BENCH_TIMEOUT_S seconds (default 420: a third for the executors' table, the rest
-# for the window table, whose JSON keeps every workload measured by then). The sizes,
-# chosen to fit that, are BENCH_LENGTHS (100 400), BENCH_WINDOWS (1 4 16),
-# BENCH_WORKLOADS (standard-ours recurrent-ours) and BENCH_REPEATS (5).
+# writes into OUT_DIR eight files: machine.txt (GPU, driver, jax, cores, load average),
+# executors.json / .md, windows_cost.json / .md (GPU), windows_cost_cpu.json / .md and
+# log.txt (everything printed). The benchmarks stop after BENCH_TIMEOUT_S seconds (default
+# 330, about 6 minutes with the installation): the GPU tables one after the other (a third
+# for the executors' table) beside the CPU table, each on cores of its own (on fewer than 8
+# cores, one after the other: to try the script); a window table's JSON keeps every
+# workload measured by then. The sizes, chosen to fit that, are BENCH_LENGTHS
+# (100 400), BENCH_WINDOWS (1 4 20), BENCH_WORKLOADS (standard-reset recurrent-reset),
+# BENCH_REPEATS (5) and, for the CPU table, BENCH_CPU_REPEATS (3).
 #
 # What it installs, only when missing, and never into the Python environment itself (it may
 # be shared): into a folder of its own on PYTHONPATH, with this repository first on it,
@@ -95,26 +99,55 @@ fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
         || echo "no GPU (BENCH_ALLOW_CPU=1)"
     python3 -c 'import jax; print("jax", jax.__version__, jax.default_backend(), jax.devices())'
-    nproc
+    echo "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$out/machine.txt"
 
 # ------------------------------------------------------------------- the tables
 lengths=${BENCH_LENGTHS:-100 400}
-windows=${BENCH_WINDOWS:-1 4 16}
-workloads=${BENCH_WORKLOADS:-standard-ours recurrent-ours}
+windows=${BENCH_WINDOWS:-1 4 20}
+workloads=${BENCH_WORKLOADS:-standard-reset recurrent-reset}
 repeats=${BENCH_REPEATS:-5}
-limit=${BENCH_TIMEOUT_S:-420}
-start=$SECONDS
-status=0
+limit=${BENCH_TIMEOUT_S:-330}
+# The GPU tables and the CPU one run side by side on cores of their own (the GPU tables on
+# 4: the host's share of GPU work is compiling and launching), so the CPU table times on
+# cores nothing else uses, and the whole fits the limit: compiling its 36 programs
+# alone takes minutes.
+gpu_cores=() cpu_cores=()
+cores=$(nproc)
+if [ "$cores" -ge 8 ] && command -v taskset >/dev/null; then
+    gpu_cores=(taskset -c 0-3) cpu_cores=(taskset -c "4-$((cores - 1))")
+fi
 # word splitting of the size lists is intended
 # shellcheck disable=SC2086
-PYTHONUNBUFFERED=1 timeout $((limit / 3)) python3 benchmarks/executors.py \
-    --lengths $lengths --repeats "$repeats" --out "$out/executors.json" \
-    > "$out/executors.md" || status=$?
-# shellcheck disable=SC2086
-PYTHONUNBUFFERED=1 timeout $((limit - (SECONDS - start))) python3 benchmarks/windows.py \
-    --part cost --workloads $workloads --lengths $lengths --windows $windows \
-    --repeats "$repeats" --out "$out/windows_cost.json" > "$out/windows_cost.md" || status=$?
-cat "$out/executors.md" "$out/windows_cost.md"
+window_table() {   # OUT_NAME REPEATS SECONDS: the window cost table, on jax's default backend
+    PYTHONUNBUFFERED=1 timeout "$3" python3 benchmarks/windows.py --part cost \
+        --workloads $workloads --lengths $lengths --windows $windows --repeats "$2" \
+        --out "$out/$1.json" > "$out/$1.md"
+}
+gpu_tables() {
+    local start=$SECONDS status=0
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 timeout $((limit / 3)) python3 benchmarks/executors.py \
+        --lengths $lengths --repeats "$repeats" --out "$out/executors.json" \
+        > "$out/executors.md" || status=$?
+    window_table windows_cost "$repeats" $((limit - (SECONDS - start))) || status=$?
+    return "$status"
+}
+echo "the GPU tables on cores ${gpu_cores[2]:-all}, the CPU table on cores ${cpu_cores[2]:-all}" \
+    | tee -a "$out/machine.txt"
+"${gpu_cores[@]}" bash -c "$(declare -p out limit lengths windows workloads repeats); \
+    $(declare -f window_table gpu_tables); gpu_tables" &
+gpu=$! status=0
+if [ ${#cpu_cores[@]} -eq 0 ]; then        # too few cores to share: one after the other
+    wait "$gpu" || status=$?
+    gpu=
+fi
+JAX_PLATFORMS=cpu "${cpu_cores[@]}" bash -c "$(declare -p out lengths windows workloads); \
+    $(declare -f window_table); window_table windows_cost_cpu ${BENCH_CPU_REPEATS:-3} $limit" \
+    2> >(sed -u 's/^/[cpu] /' >&2) &
+cpu=$!
+[ -z "$gpu" ] || wait "$gpu" || status=$?
+wait "$cpu" || status=$?
+cat "$out/executors.md" "$out/windows_cost.md" "$out/windows_cost_cpu.md"
 [ "$status" = 0 ] || fail "a benchmark stopped with status $status (124: it ran past its \
-share of BENCH_TIMEOUT_S=$limit s; windows_cost.json holds the workloads it finished)."
+share of BENCH_TIMEOUT_S=$limit s; the window tables' JSON holds the workloads they finished)."
