@@ -164,6 +164,33 @@ def test_blocks_advance_kernel_traces_after_the_backward_pass():
     assert seen == {'D_RTRL': False, 'ES_D_RTRL': True}
 
 
+@pytest.mark.parametrize('window, bad', [(1, np.inf), (2, np.nan)])
+def test_traces_advance_alike_after_boundary_terms_that_are_not_finite(window, bad):
+    """Blocks that advance their traces after the backward pass make that advance depend on
+    the boundary terms (so XLA does not copy the traces): the hidden state and traces they
+    carry to the next call are the same, bit for bit, when those terms are inf or NaN.
+    T = 5: a shorter last window at k = 2, one-step loops at k = 1."""
+    model = UserConvNet(True)
+    xs, labels = user_data(T=5)
+
+    def run(poison):
+        learner = bc.D_RTRL(model, window=window)
+        if poison:
+            def boundary(*args):
+                dw, d_dyn = type(learner)._boundary(learner, *args)
+                return jax.tree.map(lambda a: a + bad, dw), d_dyn
+            learner._boundary = boundary
+        _, grads = learner.value_and_grad(xent, xs, labels)
+        return grads, learner._carry
+
+    (grads, carry), (poisoned, poisoned_carry) = run(False), run(True)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+    assert not all(np.all(np.isfinite(g)) for g in jax.tree.leaves(poisoned))
+    for a, b in zip(jax.tree.leaves(carry), jax.tree.leaves(poisoned_carry)):
+        np.testing.assert_array_equal(np.asarray(u.get_mantissa(a)),
+                                      np.asarray(u.get_mantissa(b)))
+
+
 def test_chunks_that_are_whole_windows_equal_one_call():
     model = ours()
     xs, labels = ours_data(T=12)
