@@ -160,7 +160,7 @@ class StepGraph:
 
     # ---------------------------------------------------------------- evaluation
     def run(self, hidden, params, inputs, *, weights=None, eps=None, override=None,
-            delta=None, op_outputs=None, hold_custom=False):
+            delta=None, op_outputs=None, hold_custom=False, watch=()):
         """Evaluate the step with hooks.
 
         Args:
@@ -176,11 +176,12 @@ class StepGraph:
             through them.
           hold_custom: treat functions with a custom derivative (surrogate
             spikes) as constants, leaving the leak of the dynamics.
+          watch: further variables whose values are recorded.
 
         Returns:
           ``(new_hidden, outputs, record)`` with ``record = dict(op_inputs=,
-          op_outputs=, cut=)``: op inputs and outputs by op index, and the values of
-          ``cut_vars``.
+          op_outputs=, cut=, watch=)``: op inputs and outputs by op index, the values of
+          ``cut_vars`` and of ``watch``.
         """
         eps, override = eps or {}, override or {}
         op_at = {op.eqn: k for k, op in enumerate(self.ops)}
@@ -212,7 +213,8 @@ class StepGraph:
         env = interpret(step.closed_jaxpr, dict(zip(step.closed_jaxpr.jaxpr.invars,
                                                    [*hidden, *params, *inputs])),
                        bind=bind, write=write)
-        record = dict(op_inputs=x_of, op_outputs=y_of, cut=[env[v] for v in self.cut_vars])
+        record = dict(op_inputs=x_of, op_outputs=y_of, cut=[env[v] for v in self.cut_vars],
+                      watch=[read(env, v) for v in watch])
         return ([read(env, v) for v in step.new_hidden_vars],
                 [read(env, v) for v in step.output_vars], record)
 

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from .graph import StepGraph
+from .hops import boundary_derivatives
 from .jaxpr import is_literal, reached_from
 
 
@@ -59,6 +60,7 @@ class StepSignals:
     phi_in: list        # per dynamic parameter entry: trace input, (*group.shape, m)
     release: dict       # carry for the next step (see init_release)
     A_next: list = None  # with next_jacobian: the next step's dz/dh_prev (see state_jacobian)
+    psi: list = ()      # per hop asked for: db/dz of the group read, (*group.shape, m)
 
 
 def init_release(graph: StepGraph, dtype) -> dict:
@@ -145,7 +147,7 @@ def jacobian_reads_only_state(graph: StepGraph) -> bool:
 
 def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss_fn,
                  release, *, hold_custom: bool = False, A=None,
-                 next_jacobian: bool = False) -> StepSignals:
+                 next_jacobian: bool = False, hops=()) -> StepSignals:
     """Evaluate one step and all learning signals (see module docstring).
 
     Args:
@@ -160,6 +162,8 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
       A: this step's :func:`state_jacobian`, if already evaluated (see
         :func:`jacobian_reads_only_state`); computed here otherwise.
       next_jacobian: also evaluate the next step's, at the new state (``A_next``).
+      hops: :class:`~.hops.Hop` entries whose ``psi`` (:func:`~.hops.boundary_derivatives`)
+        the caller needs.
     """
     eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in graph.cut_vars]
     loss, new_h, out, record, g, gamma, direct_grads = learning_signals(
@@ -167,9 +171,10 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
     at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'], hold_custom)
     if any(grp.chained for grp in graph.groups):
         g = chained_learning_signal(at, eps0, record['cut'], g)
+    psi = boundary_derivatives(graph, at, list(hops)) if hops else ()
     return StepSignals(loss, new_h, out, record['op_inputs'], g, gamma, direct_grads,
                        **trace_inputs(at, record['cut'], new_h, release, A=A,
-                                      next_jacobian=next_jacobian))
+                                      next_jacobian=next_jacobian), psi=psi)
 
 
 def trace_inputs(at: StepPoint, z, new_hidden, release, *, A=None,
