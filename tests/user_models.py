@@ -177,6 +177,53 @@ class LinearLeaky(brainstate.nn.Module):
         return self.h.value
 
 
+class LinearStack(brainstate.nn.Module):
+    """Linear leaky conv layers ``h_n = a_n h_n + conv(h_{n-1}) + b_n`` on 8x8 maps, one per
+    decay in ``decays``, optionally a 2x2 average pooling (``pool='avg'``, linear) or max
+    pooling (``'max'``) between the layers; returns the top state."""
+
+    CHANNELS = (2, 3, 4, 3)
+
+    def __init__(self, decays, pool=None, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.decays, self.pool = tuple(decays), pool
+        pairs = list(zip(self.CHANNELS[:-1], self.CHANNELS[1:]))[:len(self.decays)]
+        self.K = [brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, a, b)) * 0.4))
+                  for a, b in pairs]
+        self.b = [brainstate.ParamState(jnp.asarray(rng.normal(size=b) * 0.1)) for _, b in pairs]
+
+    def side(self, n):
+        """The map size of layer ``n``."""
+        return 8 // 2 ** n if self.pool else 8
+
+    def init_state(self, batch_size=None, **kw):
+        self.h = [brainstate.HiddenState(jnp.zeros((batch_size, self.side(n), self.side(n),
+                                                    self.CHANNELS[n + 1])))
+                  for n in range(len(self.decays))]
+
+    def update(self, x):
+        for n, a in enumerate(self.decays):
+            if n and self.pool:
+                b, h, w, c = x.shape
+                x = x.reshape(b, h // 2, 2, w // 2, 2, c)
+                x = x.mean((2, 4)) if self.pool == 'avg' else x.max((2, 4))
+            y = bc.conv(x, self.K[n].value, self.b[n].value, strides=1, padding='SAME',
+                        dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+            self.h[n].value = a * self.h[n].value + y
+            x = self.h[n].value
+        return x
+
+
+def linear_stack_data(model, T=6, B=2):
+    """Inputs ``(T, B, 8, 8, 2)`` and targets shaped like the top state."""
+    rng = np.random.default_rng(3)
+    top = len(model.decays) - 1
+    return (jnp.asarray(rng.normal(size=(T, B, 8, 8, 2))),
+            jnp.asarray(rng.normal(size=(T, B, model.side(top), model.side(top),
+                                         model.CHANNELS[top + 1]))))
+
+
 class LeakyDense(brainstate.nn.Module):
     """A leaky dense layer of 3 units on 4 inputs, with a tanh output."""
 

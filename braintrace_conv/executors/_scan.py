@@ -57,7 +57,8 @@ def time_step(learner, graph, params, weights, carry, x, target, loss_fn):
     """One time step: ``(signals, new carry)`` with the carry ``((h, A), state)``."""
     (h, a), state = carry
     sig = step_signals(graph, h, params, weights, jax.tree.leaves(x), target, loss_fn,
-                       state['release'], A=a, next_jacobian=learner._early_jacobian(graph))
+                       state['release'], A=a, next_jacobian=learner._early_jacobian(graph),
+                       hops=learner._hops(graph))
     return sig, ((sig.new_hidden, sig.A_next), advance_state(learner, graph, state, sig, weights))
 
 
@@ -300,12 +301,8 @@ def contract_boundary(learner, graph, state, g_hidden, weights):
     traces held there: ``({op: dw}, per dynamic parameter: per-element gradient)``."""
     dtype = learner.dtype(graph)
     release = state['release']
-    g_hid, g_cut = [], []
-    for gi, grp in enumerate(graph.groups):
-        gh = jnp.stack([g_hidden[leaf] for leaf in grp.leaves], axis=-1).astype(dtype)
-        g_hid.append(gh)
-        g_cut.append(gh if gi not in release['R'] else
-                     jnp.einsum('...n,...nm->...m', gh, release['R'][gi].astype(dtype)))
+    g_hid = hidden_cotangents(learner, graph, g_hidden)
+    g_cut = cut_cotangents(learner, graph, state, g_hidden)
     dw = {k: learner._contract(graph, k, state['ops'], graph.y_layout(op, g_cut[op.group], 1),
                                weights)
           for k, op in enumerate(graph.ops) if op.group is not None}
@@ -316,6 +313,22 @@ def contract_boundary(learner, graph, state, g_hidden, weights):
             d = d + jnp.sum(g_hid[dp.group] * release['Rphi'][j].astype(dtype), axis=-1)
         d_dyn.append(d)
     return dw, d_dyn
+
+
+def hidden_cotangents(learner, graph, g_hidden) -> list:
+    """Per group, the cotangent of its hidden leaves (``{leaf: dL/dh}``) stacked to
+    ``(*shape, n)`` in the trace dtype."""
+    return [jnp.stack([g_hidden[leaf] for leaf in grp.leaves], axis=-1).astype(learner.dtype(graph))
+            for grp in graph.groups]
+
+
+def cut_cotangents(learner, graph, state, g_hidden) -> list:
+    """Per group, the cotangent of its state cut, ``(*shape, m)``: ``R^T dL/dh`` with the
+    release Jacobian held in ``state`` (``dL/dh`` itself where the cut is the new state)."""
+    release, dtype = state['release'], learner.dtype(graph)
+    return [gh if gi not in release['R'] else
+            jnp.einsum('...n,...nm->...m', gh, release['R'][gi].astype(dtype))
+            for gi, gh in enumerate(hidden_cotangents(learner, graph, g_hidden))]
 
 
 def gather(graph, pull_back, weights, acc_w, acc_dyn, acc_p: dict):

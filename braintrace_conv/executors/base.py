@@ -485,6 +485,15 @@ class OnlineLearner(Learner):
         scan = _scan.traced_sequence if self.window is None else _scan.windowed_sequence
         return scan(self, prepared, loss_fn, params, hidden, state, xs, targets, return_outputs)
 
+    def _hops(self, graph):
+        """The :class:`~._analysis.hops.Hop` entries whose ``psi`` the traces read (none)."""
+        return ()
+
+    def _across_layers(self, graph: StepGraph, k: int):
+        """How grouped op ``k``'s trace treats the paths through later layers, for the
+        report; ``None``: cut (the report says which)."""
+        return None
+
     def _boundary(self, graph, state, g_hidden, weights):
         """Contract the cotangent of a window's start state with the traces held there
         (:func:`._scan.contract_boundary`); an executor may adjust its state first."""

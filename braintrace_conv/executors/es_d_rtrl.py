@@ -45,10 +45,11 @@ import numpy as np
 
 from .._validation import ArgumentError, WrongTypeError, integer, interval, optional
 from ..primitive import DRTRL_RULES, ES_DRTRL_RULES, apply_state_jacobian
+from . import _scan
 from .base import OnlineLearner
 from .d_rtrl import advance_exact_trace, contract_exact_trace, exact_trace_bytes
 from .report import DRTRL_TRACE, ES_OUTPUT_TRACE, es_factorised_trace
-from ._analysis import spectrum
+from ._analysis import hops as hop_paths, spectrum
 from ._analysis.jaxpr import depends_on, is_literal
 
 __all__ = ['ES_D_RTRL']
@@ -57,6 +58,14 @@ __all__ = ['ES_D_RTRL']
 def _decay_value(decay):
     return optional(interval, 'decay', decay, 0.0, 1.0, '(]', means='inferred from the model',
                     fix="a membrane's decay per step is exp(-dt/tau)")
+
+
+def _cross_layer_value(cross_layer) -> int:
+    cross_layer = integer('cross_layer', cross_layer, sign='non-negative')
+    if cross_layer > 1:
+        raise ArgumentError('cross_layer', cross_layer, "be 0 (each layer's own traces) or 1 "
+                            "(one hop through the neurons of the op that reads the layer)")
+    return cross_layer
 
 
 def _exact_paths(exact) -> tuple:
@@ -93,6 +102,8 @@ class _Plan:
       pairs: per ES op, ``[(input trace, C)]``: its input traces and their ``m x m``
         matrices; ``C`` is None for an op traced with one decay (``single``).
       single: ES ops with one input trace paired with the whole output trace.
+      hops: with ``cross_layer=1``, every :class:`~._analysis.hops.Hop` of the step.
+      hop_traces: per one-hop trace, a :class:`_HopTrace`.
     """
     exact: frozenset
     modes: dict
@@ -101,6 +112,19 @@ class _Plan:
     reads: list
     pairs: dict
     single: frozenset
+    hops: list = ()
+    hop_traces: list = ()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _HopTrace:
+    """The one-hop trace of ES op ``op`` through ``plan.hops[hop]``: the reader's decay
+    ``decay``, and per mode of ``op``'s factorised trace ``(input trace, projector)``
+    (``None``: the whole output trace)."""
+    op: int
+    hop: int
+    decay: float
+    modes: tuple
 
 
 class ES_D_RTRL(OnlineLearner):
@@ -140,6 +164,16 @@ class ES_D_RTRL(OnlineLearner):
         :class:`~braintrace_conv.executors.OnlineLearner`); ``k >= T`` is BPTT.
       check_finite: refuse inputs and targets holding a NaN or an infinity, naming the
         first such time step (default); ``False`` skips this one pass over the data.
+      cross_layer: ``0`` (default): each layer's traces follow its own neurons only, and
+        a layer's effect through the dynamics of the layers above is cut. ``1``: the
+        factorised trace of every op whose neurons are read by the op of another group
+        (the next layer, a leaky readout) also follows them one hop, through the
+        dynamics of that op's neurons (``docs/theory.md``, "One hop across layers"):
+        per such pair one more weight-gradient call and one transposed op per step, and
+        traces of the shapes of the op's input, its output and the reader's output. The
+        reader's neurons must have one decay (given or inferred) and the ops traced with
+        several decays real ones; the read must be a linear map (average or sum pooling,
+        reshapes) of one value per neuron.
 
     Examples:
       A conv block of LIF neurons and a dense readout, 10 steps of 2 samples:
@@ -174,9 +208,10 @@ class ES_D_RTRL(OnlineLearner):
 
     def __init__(self, model, decay=None, *, exact: Sequence[str] | str | None = None,
                  exact_budget: int | None = None, trace_dtype=None, window=None,
-                 check_finite=True):
+                 check_finite=True, cross_layer: int = 0):
         super().__init__(model, trace_dtype=trace_dtype, window=window, check_finite=check_finite)
         self.decay = _decay_value(decay)
+        self.cross_layer = _cross_layer_value(cross_layer)
         self.exact = _exact_paths(exact)
         self.exact_budget = optional(integer, 'exact_budget', exact_budget, sign='non-negative',
                                      means='only the ops named by exact')
@@ -258,8 +293,36 @@ class ES_D_RTRL(OnlineLearner):
                 pairs[k].append((keys.index(key), None if is_single else C))
         reads = [[(c, keys.index((keys[s][0], key))) for c, key in filt.reads()]
                  for s, (_, filt) in enumerate(filters)]
+        found_hops = hop_paths.find_hops(graph) if self.cross_layer and es_ops else []
+        hop_traces = [_HopTrace(k, j, *self._hop_modes(graph, hop, k, group_modes, pairs))
+                      for j, hop in enumerate(found_hops) for k in es_ops
+                      if graph.ops[k].group == hop.source]
+        for j in sorted({ht.hop for ht in hop_traces}):
+            hop_paths.check_linear(graph, found_hops[j])
         return _Plan(exact, {k: group_modes[graph.ops[k].group] for k in es_ops},
-                     self.decay is not None, filters, reads, pairs, frozenset(single))
+                     self.decay is not None, filters, reads, pairs, frozenset(single),
+                     found_hops, hop_traces)
+
+    def _hop_modes(self, graph, hop, k, group_modes, pairs):
+        """``(decay of the reader's neurons, modes of op k)`` for a one-hop trace; refuses
+        what one hop is not defined for."""
+        reader, op = graph.ops[hop.reader], graph.ops[k]
+        found = group_modes[reader.group]
+        if not spectrum.is_single(found, graph.groups[reader.group].m):
+            raise ValueError(f'cross_layer=1 follows {op.label} through the neurons '
+                             f'{graph.groups[reader.group].names} that {reader.label} drives, '
+                             f'which have several decays '
+                             f'({", ".join(mode.describe() for mode in found)}); one hop is '
+                             f'defined for one decay: pass ES_D_RTRL(model, decay=...) or '
+                             f'cross_layer=0.')
+        mine = group_modes[op.group]
+        if any(mode.is_pair or mode.order > 1 for mode in mine):
+            raise ValueError(f'cross_layer=1: the neurons {graph.groups[op.group].names} that '
+                             f'{op.label} drives have a complex pair or a Jordan chain of '
+                             f'decays ({", ".join(mode.describe() for mode in mine)}); one hop '
+                             f'is defined for real decays: pass ES_D_RTRL(model, decay=...) '
+                             f'or cross_layer=0.')
+        return found[0].decay.real, tuple(pairs[k])
 
     # ------------------------------------------------------------------ traces
     def _init_traces(self, graph, hidden):
@@ -269,7 +332,24 @@ class ES_D_RTRL(OnlineLearner):
         out_traces = {k: self.op_trace_zeros(graph, k, 'init_pp') for k in plan.pairs}
         norms = [jnp.zeros((), dtype) for _ in plan.filters]
         exact = {k: self.op_trace_zeros(graph, k, 'init_drtrl') for k in plan.exact}
-        return dict(x=x_traces, f=out_traces, norm=norms, exact=exact)
+        hop = [self._hop_zeros(graph, plan, ht) for ht in plan.hop_traces]
+        hop_dw = {ht.op: {n: jnp.zeros(a.shape, dtype) for n, a in graph.ops[ht.op].weight_avals.items()}
+                  for ht in plan.hop_traces}
+        return dict(x=x_traces, f=out_traces, norm=norms, exact=exact, hop=hop, hop_dw=hop_dw)
+
+    def _hop_zeros(self, graph, plan, ht):
+        """Zeros of one one-hop trace, per mode: the input trace filtered again ``x``
+        (the op's input shape), its norm, ``post`` (the op's output shape) and ``sig``
+        (the reader's output shape, its cut size wide)."""
+        dtype, op = self.dtype(graph), graph.ops[ht.op]
+        reader = graph.ops[plan.hops[ht.hop].reader]
+        width = graph.groups[reader.group].m
+        per_mode = lambda shape: [jnp.zeros(shape, dtype) for _ in ht.modes]
+        return dict(x=per_mode(op.x_aval.shape), norm=per_mode(()), post=per_mode(op.y_aval.shape),
+                    sig=per_mode((*reader.y_aval.shape, width)))
+
+    def _hops(self, graph):
+        return self._plan(graph).hops
 
     def _advance_ops(self, graph, state, sig, weights):
         plan = self._plan(graph)
@@ -284,9 +364,70 @@ class ES_D_RTRL(OnlineLearner):
             out_traces[k] = apply_state_jacobian(d, state['f'][k]) + df
         exact = {k: advance_exact_trace(self, graph, k, state['exact'][k], sig, weights)
                  for k in plan.exact}
-        return dict(x=x_traces, f=out_traces, norm=norms, exact=exact)
+        new = dict(x=x_traces, f=out_traces, norm=norms, exact=exact)
+        hop_dw = {k: jax.tree.map(jnp.zeros_like, dw) for k, dw in state['hop_dw'].items()}
+        hop = []
+        for ht, old in zip(plan.hop_traces, state['hop']):
+            # this step's one-hop term reads the traces of the step before: the reader's
+            # neurons carry them on by D^t, and g^t reads the result
+            reader = graph.ops[plan.hops[ht.hop].reader]
+            d, df = self.signals_in_y_layout(graph, plan.hops[ht.hop].reader, sig)
+            g = graph.y_layout(reader, sig.g[reader.group], 1).astype(d.dtype)
+            dw = self._hop_dw(graph, ht, old, jnp.einsum('...a,...ab->...b', g, d), weights)
+            hop_dw[ht.op] = jax.tree.map(jnp.add, hop_dw[ht.op], dw)
+            hop.append(self._advance_hop(graph, ht, old, new, sig, d, df))
+        return dict(new, hop=hop, hop_dw=hop_dw)
+
+    def _advance_hop(self, graph, ht, old, new, sig, d, df):
+        """One one-hop trace advanced by one step, from the op's new traces ``new``::
+
+            x_lm = a_m x_lm + ex_c          norm_lm = a_m norm_lm + Z_c
+            post = a_m post + psi . (P_c ef)   sig = D_m sig + Df_m Z_c
+        """
+        op, a = graph.ops[ht.op], ht.decay
+        psi = graph.y_layout(op, sig.psi[ht.hop], 1).astype(d.dtype)
+        out = dict(x=[], norm=[], post=[], sig=[])
+        for c, (s, C) in enumerate(ht.modes):
+            ef = new['f'][ht.op]
+            if C is not None:
+                ef = jnp.einsum('ab,...b->...a', jnp.asarray(C, ef.dtype), ef)
+            z = new['norm'][s].astype(d.dtype)
+            out['x'].append(a * old['x'][c] + new['x'][s])
+            out['norm'].append(a * old['norm'][c] + z)
+            out['post'].append(a * old['post'][c] + jnp.sum(psi * ef, axis=-1))
+            out['sig'].append(apply_state_jacobian(d, old['sig'][c]) + df * z)
+        return out
+
+    def _hop_dw(self, graph, ht, hop_state, cotangent, weights):
+        """Op ``ht.op``'s weight gradients from its one-hop trace and a cotangent on the
+        reader's cut at the trace's step (reader output layout, cut size wide)::
+
+            sum_c xy_to_dw(x_lm / norm_lm, post * J^T(sum_m cotangent * sig) / norm_lm)
+        """
+        plan = self._plan(graph)
+        hop, op = plan.hops[ht.hop], graph.ops[ht.op]
+        reader_w = self.op_weights(graph, hop.reader, weights)
+        w = self.op_weights(graph, ht.op, weights)
+        rule = op.primitive.rule('xy_to_dw')
+        dw = None
+        for c in range(len(ht.modes)):
+            pulled = hop_paths.reader_transpose(graph, hop, reader_w,
+                                                jnp.sum(cotangent * hop_state['sig'][c], axis=-1))
+            u = graph.y_layout(op, hop.hidden_of(graph, pulled), 0)
+            norm = hop_state['norm'][c]
+            norm = jnp.where(norm > 0, norm, jnp.ones_like(norm))   # traces still zero
+            term = rule(hop_state['x'][c] / norm, hop_state['post'][c] * u / norm, w, **op.params)
+            dw = term if dw is None else jax.tree.map(jnp.add, dw, term)
+        return dw
 
     def _contract(self, graph, k, state, g, weights):
+        dw = self._contract_own(graph, k, state, g, weights)
+        if k in state['hop_dw']:
+            dw = jax.tree.map(lambda a, b: a + b.astype(a.dtype), dw, state['hop_dw'][k])
+        return dw
+
+    def _contract_own(self, graph, k, state, g, weights):
+        """Op ``k``'s weight gradients from its own traces."""
         plan = self._plan(graph)
         if k in plan.exact:
             return contract_exact_trace(self, graph, k, state['exact'][k], g, weights)
@@ -334,8 +475,18 @@ class ES_D_RTRL(OnlineLearner):
                 partner = next(r for c, r in plan.reads[s] if r != s)
                 fresh = (norms[s] == 0) & (norms[partner] == 0)
                 norms[s] = jnp.where(fresh, jnp.ones_like(norms[s]), norms[s])
-        ops = dict(state['ops'], norm=norms)
-        return super()._boundary(graph, dict(state, ops=ops), g_hidden, weights)
+        # the one-hop term of each step is in hop_dw; at a window's start the whole trace
+        # at t0 is contracted with the cotangent of the reader's cut
+        ops = dict(state['ops'], norm=norms,
+                   hop_dw={k: jax.tree.map(jnp.zeros_like, dw)
+                           for k, dw in state['ops']['hop_dw'].items()})
+        dw, d_dyn = super()._boundary(graph, dict(state, ops=ops), g_hidden, weights)
+        for ht, hop_state in zip(plan.hop_traces, state['ops']['hop']):
+            reader = graph.ops[plan.hops[ht.hop].reader]
+            cut = _scan.cut_cotangents(self, graph, state, g_hidden)[reader.group]
+            extra = self._hop_dw(graph, ht, hop_state, graph.y_layout(reader, cut, 1), weights)
+            dw[ht.op] = jax.tree.map(jnp.add, dw[ht.op], extra)
+        return dw, d_dyn
 
     # ------------------------------------------------------------------ report
     def _trace_method(self, graph, k, slot):
@@ -361,7 +512,36 @@ class ES_D_RTRL(OnlineLearner):
                                                   for s in {s for s, _ in listed})}
                for k, listed in plan.pairs.items()}
         out.update({k: exact_trace_bytes(op_state['exact'][k]) for k in plan.exact})
+        for k, extra in self._hop_bytes(graph, op_state).items():
+            first = next(iter(out[k]))
+            out[k][first] += extra
         return out
+
+    def _hop_bytes(self, graph, op_state) -> dict:
+        """``{op: bytes}`` of the one-hop traces of each op (and their gradient term)."""
+        plan = self._plan(graph)
+        nbytes = lambda tree: sum(math.prod(a.shape) * a.dtype.itemsize
+                                  for a in jax.tree.leaves(tree))
+        out = {k: nbytes(dw) for k, dw in op_state['hop_dw'].items()}
+        for ht, traces in zip(plan.hop_traces, op_state['hop']):
+            out[ht.op] += nbytes(traces)
+        return out
+
+    def _across_layers(self, graph, k):
+        plan = self._plan(graph)
+        readers = [graph.ops[plan.hops[ht.hop].reader].label for ht in plan.hop_traces
+                   if ht.op == k]
+        if not readers:
+            return None
+        state = jax.eval_shape(lambda: self._init_traces(graph, None))
+        grp = graph.groups[graph.ops[k].group]
+        parts = (['recurrent synapses onto the same neurons are cut from the trace']
+                 if graph.ops[k].group in grp.feeds else [])
+        parts.append(f'its effect through the dynamics of the neurons driven by '
+                     f'{", ".join(readers)} is followed one hop (cross_layer=1, '
+                     f'{self._hop_bytes(graph, state)[k]} bytes of the trace memory), through '
+                     f'later layers cut')
+        return '; '.join(parts)
 
     @staticmethod
     def _input_free_slots(op):

@@ -164,14 +164,14 @@ def _op_methods(learner, graph, state_shapes, methods, bytes_of):
             if op.group is not None:
                 method = learner._trace_method(graph, k, slot)
                 grp = graph.groups[op.group]
+                across = learner._across_layers(graph, k) or _across(grp, op.group)
                 if grp.feeds and method.startswith('exact'):
                     # a trace other than the learner's own (ES-D-RTRL's exact= ops) is named
                     kind = ' (D-RTRL trace)' if (method == DRTRL_TRACE and
                                                  learner.algorithm != 'D-RTRL') else ''
-                    method = (f'exact within its layer{kind}, truncated across layers '
-                              f'({_across(grp, op.group)})')
+                    method = f'exact within its layer{kind}, truncated across layers ({across})'
                 elif grp.feeds:
-                    method = f'{method}; truncated across layers ({_across(grp, op.group)})'
+                    method = f'{method}; truncated across layers ({across})'
             else:
                 method = EXACT_READOUT if op.exact_readout else APPROX_READOUT
             for leaf in slot_leaves:

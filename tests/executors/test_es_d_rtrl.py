@@ -17,8 +17,8 @@ import pytest
 
 import braintrace_conv as bc
 from snn_reference import EXACT, rel_err, xent
-from user_models import (LinearLeaky, NeuronLayer, OneLayer, assert_matches_bptt, compare,
-                         methods, ours, sin_loss, spikes_and_labels)
+from user_models import (LinearLeaky, LinearStack, NeuronLayer, OneLayer, assert_matches_bptt,
+                         compare, linear_stack_data, methods, ours, sin_loss, spikes_and_labels)
 
 pytestmark = pytest.mark.usefixtures('float64')
 
@@ -314,3 +314,96 @@ def test_a_negative_budget_is_refused():
     with pytest.raises(ValueError, match='exact_budget must be None .* or a non-negative '
                                          'integer, got -1'):
         bc.ES_D_RTRL(ours(), exact_budget=-1)
+
+
+# ----------------------------------------------------------------------------- one hop
+def _errors(model, learner, xs, targets):
+    """``{parameter: relative error to BPTT}``."""
+    _, ref = bc.BPTT(model).value_and_grad(sin_loss, xs, targets)
+    _, grads = learner.value_and_grad(sin_loss, xs, targets)
+    return {f'{key[0]}.{key[1]}': rel_err(grads[key], ref[key]) for key in ref}
+
+
+@pytest.mark.parametrize('pool, window', [(None, None), ('avg', None), (None, 2)])
+def test_one_hop_is_exact_on_two_linear_leaky_layers(pool, window):
+    """Every layer of a stack of two, whatever their decays: the one path ES cuts (the
+    first layer's effect through the second's state) is the hop."""
+    model = LinearStack((0.8, 0.6), pool=pool)
+    xs, targets = linear_stack_data(model)
+    errors = _errors(model, bc.ES_D_RTRL(model, cross_layer=1, window=window), xs, targets)
+    assert max(errors.values()) < 1e-12, errors
+    assert _errors(model, bc.ES_D_RTRL(model, window=window), xs, targets)['K.0'] > 0.1
+
+
+def test_one_hop_is_exact_on_the_top_two_of_three_linear_layers():
+    model = LinearStack((0.9, 0.5, 0.7))
+    xs, targets = linear_stack_data(model)
+    errors = _errors(model, bc.ES_D_RTRL(model, cross_layer=1), xs, targets)
+    assert max(errors[p] for p in ('K.1', 'b.1', 'K.2', 'b.2')) < 1e-12, errors
+    assert errors['K.0'] > 0.1      # two hops away from the top state: still cut
+
+
+def test_one_hop_carries_across_advance_calls():
+    model = LinearStack((0.8, 0.6), pool='avg')
+    xs, targets = linear_stack_data(model, T=8)
+    learner = bc.ES_D_RTRL(model, cross_layer=1)
+    _, whole = learner.value_and_grad(sin_loss, xs, targets)
+    learner.reset(2)
+    _, first = learner.advance(sin_loss, xs[:3], targets[:3])
+    _, second = learner.advance(sin_loss, xs[3:], targets[3:])
+    for key in whole:
+        assert rel_err(first[key] + second[key], whole[key]) < 1e-12
+
+
+def test_cross_layer_zero_and_a_model_without_hops_are_es_to_the_bit():
+    xs, labels = _ours_data()
+    model = ours()
+    _, plain = bc.ES_D_RTRL(model).value_and_grad(xent, xs, labels)
+    _, zero = bc.ES_D_RTRL(model, cross_layer=0).value_and_grad(xent, xs, labels)
+    one_layer = OneLayer('subtract')
+    x1, l1 = spikes_and_labels((2, 6, 6, 2))
+    _, a = bc.ES_D_RTRL(one_layer).value_and_grad(xent, x1, l1)
+    _, b = bc.ES_D_RTRL(one_layer, cross_layer=1).value_and_grad(xent, x1, l1)
+    for x, y in [(plain, zero), (a, b)]:
+        for key in x:
+            for u_, v_ in zip(jax.tree.leaves(x[key]), jax.tree.leaves(y[key])):
+                np.testing.assert_array_equal(np.asarray(u_), np.asarray(v_))
+
+
+def test_the_report_names_the_hop_and_its_bytes():
+    xs, labels = _ours_data()
+    model = ours()
+    rows = {}
+    for cross_layer in (0, 1):
+        learner = bc.ES_D_RTRL(model, cross_layer=cross_layer)
+        learner.value_and_grad(xent, xs, labels)
+        rows[cross_layer] = {r['parameter']: r for r in learner.report().rows}
+    first = rows[1]['blocks.0.ff.weight']
+    assert 'followed one hop (cross_layer=1' in first['method'], first['method']
+    extra = first['trace_bytes'] - rows[0]['blocks.0.ff.weight']['trace_bytes']
+    assert extra > 0 and f'{extra} bytes' in first['method']
+    # the last block is read by the leaky readout: one hop too
+    assert 'one hop' in rows[1]['blocks.1.ff.weight']['method']
+
+
+@pytest.mark.parametrize('cross_layer, error', [(2, ValueError), (-1, ValueError),
+                                                (1.0, TypeError), (True, TypeError)])
+def test_bad_cross_layer_values_are_refused(cross_layer, error):
+    with pytest.raises(error, match='cross_layer'):
+        bc.ES_D_RTRL(ours(), cross_layer=cross_layer)
+
+
+def test_one_hop_refuses_a_max_pooling_between_the_layers():
+    model = LinearStack((0.8, 0.6), pool='max')
+    xs, targets = linear_stack_data(model)
+    with pytest.raises(ValueError, match='not a linear map'):
+        bc.ES_D_RTRL(model, cross_layer=1).value_and_grad(sin_loss, xs, targets)
+
+
+def test_one_hop_needs_one_decay_in_the_reader_or_a_given_decay():
+    xs, labels = _ours_data()
+    model = ours(tau_adapt=30.0)
+    with pytest.raises(ValueError, match='several decays.*decay='):
+        bc.ES_D_RTRL(model, cross_layer=1).value_and_grad(xent, xs, labels)
+    _, grads = bc.ES_D_RTRL(model, 0.8, cross_layer=1).value_and_grad(xent, xs, labels)
+    assert all(np.all(np.isfinite(np.asarray(a))) for a in jax.tree.leaves(grads))
