@@ -679,3 +679,139 @@ def es_multi_decay(step: DenseStep, jac: Jacobians, *, untraced=frozenset(), win
                 total += factorised(cj.R[t0 - 1].T @ hbar, t0 - 1)
     n_theta = jac.theta.size
     return _grads_tree(step, jac, total[:n_theta], total[n_theta:])
+
+
+# ----------------------------------------------------------------------------- one hop (cross_layer=1)
+def _reader_boundary(step: DenseStep, jac: Jacobians, cj: CutJacobians, l, m_op, flat, unpack):
+    """For group ``l`` read by op ``m_op``: ``(Q, J)`` per step with ``dy_m/dZ = J Q``, ``Q =
+    dv/dZ`` and ``J = dy_m/dv`` the same at every step, for the first value ``v`` of the
+    step (one per neuron of ``l``) that factorises the read so; by brute force over the
+    step's values."""
+    jaxpr = step.closed.jaxpr
+    neurons = cj.index[l].shape[1]
+    pack = lambda values: jnp.concatenate([jnp.ravel(a) for a in values])
+    full = jax.jit(jax.jacrev(lambda Zv, hh, x: step.run(hh, jac.p, x, override=unpack(Zv))[2]['y'][m_op]))
+    cut_values = jax.jit(lambda hh, x: pack(step.run(hh, jac.p, x, watch=flat)[2]['watch']))
+    per_step = []
+    for hh, _, x, _, _ in jac.traj:
+        Z = cut_values(hh, x)
+        per_step.append((hh, x, Z, np.asarray(full(Z, hh, x)).reshape(-1, len(Z))))
+    # the values between the group's cut and the op's input, nearest the op first
+    edges = _forward_edges(step)
+    cut = [flat[j] for j in sorted(_cut_entries(cj, l, flat))]
+    after_cut = _reach(edges, cut, set())
+    x_m = jaxpr.eqns[step.ops[m_op].eqn].invars[step.ops[m_op].x_slot]
+    between = [v for e in jaxpr.eqns for v in e.outvars
+               if v in after_cut and int(np.prod(v.aval.shape)) == neurons
+               and x_m in _reach(edges, [v], set())]
+    for v in reversed(between):
+        dv = jax.jit(jax.jacrev(lambda Zv, hh, x: step.run(hh, jac.p, x, override=unpack(Zv),
+                                                           watch=[v])[2]['watch'][0]))
+        dy = jax.jit(jax.jacrev(lambda val, hh, x: step.run(hh, jac.p, x, override={v: val})[2]['y'][m_op]))
+        value = jax.jit(lambda hh, x: step.run(hh, jac.p, x, watch=[v])[2]['watch'][0])
+        Qs, Js = [], []
+        for hh, x, Z, F in per_step:
+            val = value(hh, x)
+            Qs.append(np.asarray(dv(Z, hh, x)).reshape(neurons, -1))
+            Js.append(np.asarray(dy(val, hh, x)).reshape(F.shape[0], neurons))
+            if not np.allclose(Js[-1] @ Qs[-1], F, rtol=0, atol=1e-12) \
+                    or not np.allclose(Js[-1], Js[0], rtol=0, atol=1e-12):
+                break
+        else:
+            return Qs, Js[0]
+    raise ValueError(f'no value factorises the read of group {l} by op {m_op}')
+
+
+def _cut_entries(cj: CutJacobians, l, flat) -> set:
+    """Indices into ``flat`` (the cut variables of every group) of group ``l``'s."""
+    first = 0
+    for a in range(l):
+        first += len(cj.index[a])
+    return set(range(first, first + len(cj.index[l])))
+
+
+def es_cross_layer(step: DenseStep, jac: Jacobians, decay=None, *, untraced=frozenset()):
+    """ES-D-RTRL's gradient with one hop across layers (``cross_layer=1``, no window):
+    ES's (one decay per group: ``decay`` if given, else each group's inferred one, see
+    :func:`es_multi_decay`) plus, per op ``k`` of group ``l`` read by op ``m`` of group
+    ``g``, at every step ``t`` the one-hop term written as sums over the history::
+
+        sigma = sum_{r<t} D^{t-1} ... D^{r+1} Df_m^r Z^r        on g's cut values
+        u[n]  = sum_{r<t} a^{t-1-r} sum_c (Q^{rT} J^T c)[c, n] ef_k^r[c, n]
+        hop   = vjp_W op_k(xx / Zlm)(u / Zlm),  c[n] = sum_a (D^{tT} g^t)[a, n] sigma[a, n]
+
+    with ``Q``, ``J`` from :func:`_reader_boundary`, ``Z^r = sum_{q<=r} alpha^(r-q)``,
+    ``Zlm = sum_{r<t} a^(t-1-r) Z^r`` and ``xx = sum_{r<t} a^(t-1-r) sum_{q<=r}
+    alpha^(r-q) x^q`` (``alpha``: ``l``'s decay, ``a``: ``g``'s)."""
+    cj = cut_jacobians(step, jac)
+    T = len(jac.M)
+    cuts = [state_cut(step, jac, grp) for grp in jac.groups]
+    flat = [v for cut in cuts for v in cut]
+    sizes = [int(np.prod(v.aval.shape)) for v in flat]
+    offsets = np.cumsum([0] + sizes)
+    unpack = lambda vec: {v: vec[offsets[j]:offsets[j + 1]].reshape(v.aval.shape)
+                          for j, v in enumerate(flat)}
+    group_of = {k: a for k in jac.grouped for a, grp in enumerate(jac.groups)
+                if jac.feeds[k, grp].any()}
+    if decay is None:
+        decays = []
+        for idx in cj.index:
+            Dbar = np.array([[np.mean(cj.D_rest[idx[i], idx[j]]) for j in range(len(idx))]
+                             for i in range(len(idx))])
+            lam = np.linalg.eigvals(Dbar)
+            assert np.allclose(lam, lam[0]), 'one decay per group here'
+            decays.append(float(lam[0].real))
+    else:
+        decays = [decay] * len(cj.index)
+    base = (es_drtrl(step, jac, {k: decays[group_of[k]] for k in jac.grouped}, untraced=untraced)
+            if decay is not None else es_multi_decay(step, jac, untraced=untraced))
+    D = [cj.A[t] @ cj.R[t - 1] if t > 0 else np.zeros((len(cj.A[t]),) * 2) for t in range(T)]
+    ef, EF = np.zeros_like(cj.Df[0]), []
+    for t in range(T):
+        ef = D[t] @ ef + cj.Df[t]
+        EF.append(ef)
+    total = np.zeros(jac.P[0].shape[1])
+    for m_op in jac.grouped:
+        g = group_of[m_op]
+        for l in range(len(jac.groups)):
+            if l == g or not _reads_group(step, cj, l, m_op, flat):
+                continue
+            Qs, J = _reader_boundary(step, jac, cj, l, m_op, flat, unpack)
+            idx_g, idx_l = cj.index[g], cj.index[l]
+            a, alpha = decays[g], decays[l]
+            n_g = np.arange(idx_g.shape[1])
+            Z = [sum(alpha ** (r - q) for q in range(r + 1)) for r in range(T)]
+            for k in [k for k in jac.grouped if group_of[k] == l]:
+                n_l = np.arange(idx_l.shape[1])
+                for t in range(1, T):
+                    sigma = np.zeros(len(cj.Df[0]))
+                    for r in range(t):
+                        df = np.zeros(len(cj.Df[0]))
+                        df[idx_g] = cj.Df[r][:, jac.beta[m_op]][idx_g, n_g[None, :]] * Z[r]
+                        for q in range(r + 1, t):
+                            df = D[q] @ df
+                        sigma += df
+                    c = (D[t].T @ cj.g[t])[idx_g] * sigma[idx_g]           # (m_g, neurons)
+                    c = c.sum(axis=0)
+                    pulled = J.T @ c                                        # v-space
+                    u = np.zeros(idx_l.shape[1])
+                    for r in range(t):
+                        back = Qs[r].T @ pulled                             # on Z
+                        ef_k = EF[r][:, jac.beta[k]][idx_l, n_l[None, :]]   # (m_l, neurons)
+                        u += a ** (t - 1 - r) * np.sum(back[idx_l] * ef_k, axis=0)
+                    Zlm = sum(a ** (t - 1 - r) * Z[r] for r in range(t))
+                    xx = sum(a ** (t - 1 - r) * sum(alpha ** (r - q) * np.asarray(jac.op_x[q][k])
+                                                    for q in range(r + 1)) for r in range(t))
+                    total += _factorised(step, jac, k, xx / Zlm, u / Zlm)
+    n_theta = jac.theta.size
+    extra = _grads_tree(step, jac, total[:n_theta], total[n_theta:])
+    return jax.tree.map(lambda x, y: x + y, base, extra)
+
+
+def _reads_group(step, cj, l, m_op, flat) -> bool:
+    """Whether op ``m_op``'s input is computed from group ``l``'s cut values within a step,
+    other ops' outputs not followed."""
+    jaxpr = step.closed.jaxpr
+    cut = [flat[j] for j in sorted(_cut_entries(cj, l, flat))]
+    x_m = jaxpr.eqns[step.ops[m_op].eqn].invars[step.ops[m_op].x_slot]
+    return x_m in _reach(_forward_edges(step), cut, set())

@@ -203,3 +203,35 @@ def test_multi_decay_reference_is_the_single_decay_one_on_one_state_neurons():
     single = dense.es_drtrl(step, jac, {k: DECAY for k in jac.grouped})
     for m, s_ in zip(_leaves(multi), _leaves(single)):
         assert rel_err(m, s_) < SAME
+
+
+# ----------------------------------------------------------------------------- one hop
+def four_blocks():
+    """The library's 4-block net, small: 8x8 frames, 2/3/3/4 channels, no recurrence."""
+    brainstate.random.seed(0)
+    return bc.models.recurrent_conv_snn((2, 8, 8), 3, channels=(2, 3, 3, 4), recurrent=False,
+                                        tau=5.0)
+
+
+MODELS['four-blocks'] = (four_blocks, (2, 8, 8))
+# layers read through a reset-by-subtraction neuron (and a recurrent conv), brainstate.nn
+# layers with reset-after-spike neurons, pooling between layers, four blocks and a leaky
+# readout
+CROSS_LAYER = ('recurrent-conv', 'user-recurrent-brainstate', 'ours-recurrent-pooled',
+               'four-blocks')
+
+
+def _cross_layer_cases():
+    return [pytest.param(name, decay, id=f'{name}-{"inferred" if decay is None else decay}',
+                         marks=() if (name, decay) == ('recurrent-conv', DECAY)
+                         else (pytest.mark.slow,))
+            for name in CROSS_LAYER for decay in (DECAY, None)]
+
+
+@pytest.mark.parametrize('name, decay', _cross_layer_cases())
+def test_one_hop_es_is_its_reference(name, decay):
+    model, xs, labels, exact, step, jac = reference(name)
+    report = assert_is_its_reference(
+        bc.ES_D_RTRL(model, decay, cross_layer=1), xs, labels, exact,
+        lambda untraced: dense.es_cross_layer(step, jac, decay, untraced=untraced))
+    assert any('followed one hop' in row['method'] for row in report.rows)
