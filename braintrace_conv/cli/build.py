@@ -101,7 +101,7 @@ def _long_memory(run, usage: str) -> EventDataset:
 def _learner(run, model):
     """The executor of ``--algorithm``; ES-D-RTRL's decay is ``--decay`` if given, else each
     layer's inferred from its neurons, with exact traces where ``--exact`` and
-    ``--exact-budget`` say."""
+    ``--exact-budget`` say, and one hop across layers with ``--cross-layer 1``."""
     if run.algorithm == 'bptt':
         return BPTT(model)
     if run.algorithm == 'd-rtrl':
@@ -109,7 +109,7 @@ def _learner(run, model):
     budget = getattr(run, 'exact_budget', None)
     return ES_D_RTRL(model, run.decay, exact=getattr(run, 'exact', None),
                      exact_budget=None if budget is None else int(budget * 2**20),
-                     window=run.window)
+                     window=run.window, cross_layer=getattr(run, 'cross_layer', None) or 0)
 
 
 def trace_choice(learner) -> str:
@@ -124,6 +124,8 @@ def trace_choice(learner) -> str:
         parts.append(f'exact traces for {", ".join(learner.exact)}')
     if learner.exact_budget is not None:
         parts.append(f'exact traces within {learner.exact_budget / 2**20:g} MiB')
+    if learner.cross_layer:
+        parts.append('one hop across layers')
     return f' ({"; ".join(parts)})'
 
 

@@ -311,6 +311,12 @@ TRAIN_OPTIONS = (
            requires=(Requires('algorithm', ('es-d-rtrl',), word='to'),),
            help="es-d-rtrl: D-RTRL's exact traces also for further layers, smallest trace "
                 "first, while all exact traces together take at most MIB MiB"),
+    Option('cross_layer', type=int, metavar='HOPS', choices=(0, 1), stored='when given',
+           requires=(Requires('algorithm', ('es-d-rtrl',), word='to'),),
+           help="es-d-rtrl: 1 follows each layer's effect one hop through the dynamics of the "
+                "neurons of the layer that reads it (more accurate for deep nets; one more "
+                "weight-gradient and one transposed op per layer and step); 0: each layer's "
+                "own traces only (default)"),
     Option('update_every', type=int, metavar='STEPS', check=positive,
            help='truly online: optimiser step every STEPS time steps (default: once per batch '
                 'of sequences)'),
@@ -451,6 +457,7 @@ STREAM_OPTIONS = (
                      'each layer gets the decays of its neurons, inferred from the model)'),
     _shared('exact'),
     _shared('exact_budget'),
+    _shared('cross_layer'),
     _shared('channels', 'channels of the spiking blocks, e.g. 8,16 (default 8,16)'),
     _shared('kernel_size', 'kernel extent along both spatial axes (default 3)'),
     _shared('pool', 'average the spikes of each block over windows of P x P pixels; 1: none '

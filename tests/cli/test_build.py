@@ -96,6 +96,7 @@ def test_long_memory_tasks_build_a_dense_adaptive_net_at_their_published_timing(
     (['--decay', '0.9'], ' (decay 0.9000)'),
     (['--exact', 'blocks.1', 'fc', '--exact-budget', '1.5'],
      ' (decays inferred per layer; exact traces for blocks.1, fc; exact traces within 1.5 MiB)'),
+    (['--cross-layer', '1'], ' (decays inferred per layer; one hop across layers)'),
     (['--algorithm', 'bptt'], ''),
 ])
 def test_a_run_says_how_its_layers_are_traced(argv, said):

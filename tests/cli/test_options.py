@@ -14,8 +14,8 @@ from braintrace_conv.cli.options import (EVALUATE_OPTIONS, STREAM_OPTIONS, TRAIN
 
 CLI_SOURCES = sorted(pathlib.Path(cli.__file__).parent.glob('*.py'))
 #: The options stream takes from train's records.
-SHARED = ('algorithm', 'window', 'decay', 'exact', 'exact_budget', 'channels', 'kernel_size',
-          'pool', 'tau', 'lr', 'clip_norm', 'seed', 'nonfinite', 'devices', 'overwrite')
+SHARED = ('algorithm', 'window', 'decay', 'exact', 'exact_budget', 'cross_layer', 'channels',
+          'kernel_size', 'pool', 'tau', 'lr', 'clip_norm', 'seed', 'nonfinite', 'devices', 'overwrite')
 
 
 def test_each_option_is_defined_in_exactly_one_record():
@@ -64,7 +64,7 @@ def test_the_old_tables_are_views_of_the_records():
         'test_fraction', 'channels', 'kernel_size', 'pool', 'tau', 'decay', 'update_every',
         'loss', 'final_steps', 'target_rates', 'rate_target', 'rate_strength', 'nonfinite',
         'data', 'sensor_size', 'window_us', 'stream', 'window', 'delay', 'cues', 'clip_norm',
-        'verify_data', 'tau_adapt', 'exact', 'exact_budget'}
+        'verify_data', 'tau_adapt', 'exact', 'exact_budget', 'cross_layer'}
 
 
 def test_library_names_of_option_values_are_spelled_as_the_options():
@@ -98,7 +98,7 @@ def test_a_run_stores_the_options_that_define_it():
     stored = stored_options(resolved('--samples', '48'))
     assert set(stored) == set(options.RUN_OPTIONS) - {
         'target_rates', 'rate_target', 'rate_strength', 'window', 'delay', 'cues', 'clip_norm',
-        'verify_data', 'tau_adapt', 'exact', 'exact_budget'}
+        'verify_data', 'tau_adapt', 'exact', 'exact_budget', 'cross_layer'}
     assert stored['channels'] == [8, 16] and stored['final_steps'] == 1
     assert 'devices' not in stored and 'out' not in stored and 'log_every' not in stored
     effective = stored_options(resolved('--loss', 'count-mse', '--rate-target', '0.1'))

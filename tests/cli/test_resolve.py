@@ -67,6 +67,8 @@ ARGUMENTS = [  # the rules of the command line itself
     (['train', '--exact-budget', '-1'], '--exact-budget must be a non-negative number, got -1.0'),
     (['train', '--algorithm', 'd-rtrl', '--exact', 'blocks.1'],
      '--exact applies only to --algorithm es-d-rtrl'),
+    (['train', '--algorithm', 'bptt', '--cross-layer', '1'],
+     '--cross-layer applies only to --algorithm es-d-rtrl'),
 ]
 
 LIBRARY_RULES = [  # rules the library checks: its refusal names the option

@@ -69,6 +69,7 @@ REQUIRED = {'test_accuracy', 'train_loss', 'algorithm', 'task', 'wall_time_s', '
     (['--algorithm', 'd-rtrl', '--window', '3', '--update-every', '3'], 'D-RTRL'),
     (['--tau-adapt', '50', '--exact', 'blocks.1', '--window', '3', '--update-every', '3'],
      'ES-D-RTRL'),
+    (['--cross-layer', '1'], 'ES-D-RTRL'),
 ])
 def test_train_smoke(tmp_path, capsys, extra, algorithm):
     assert main(['train', *TINY, *extra, '--out', str(tmp_path)]) == 0
@@ -86,6 +87,8 @@ def test_train_smoke(tmp_path, capsys, extra, algorithm):
         assert checkpoint.read(tmp_path / LAST_CHECKPOINT)[1]['trainer']['window'] == 3
     if '--exact' in extra:      # adaptive neurons, exact traces for one block: stored too
         assert metrics['run_config']['exact'] == ['blocks.1']
+    if '--cross-layer' in extra:    # stored with the run, so --resume checks it
+        assert metrics['run_config']['cross_layer'] == 1
 
 
 def test_delayed_bars_run_keeps_its_task_options(tmp_path, capsys):
