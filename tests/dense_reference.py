@@ -681,7 +681,7 @@ def es_multi_decay(step: DenseStep, jac: Jacobians, *, untraced=frozenset(), win
     return _grads_tree(step, jac, total[:n_theta], total[n_theta:])
 
 
-# ----------------------------------------------------------------------------- one hop (cross_layer=1)
+# ----------------------------------------------------------------------------- one hop
 def _reader_boundary(step: DenseStep, jac: Jacobians, cj: CutJacobians, l, m_op, flat, unpack):
     """For group ``l`` read by op ``m_op``: ``(Q, J)`` per step with ``dy_m/dZ = J Q``, ``Q =
     dv/dZ`` and ``J = dy_m/dv`` the same at every step, for the first value ``v`` of the
@@ -690,7 +690,8 @@ def _reader_boundary(step: DenseStep, jac: Jacobians, cj: CutJacobians, l, m_op,
     jaxpr = step.closed.jaxpr
     neurons = cj.index[l].shape[1]
     pack = lambda values: jnp.concatenate([jnp.ravel(a) for a in values])
-    full = jax.jit(jax.jacrev(lambda Zv, hh, x: step.run(hh, jac.p, x, override=unpack(Zv))[2]['y'][m_op]))
+    full = jax.jit(jax.jacrev(
+        lambda Zv, hh, x: step.run(hh, jac.p, x, override=unpack(Zv))[2]['y'][m_op]))
     cut_values = jax.jit(lambda hh, x: pack(step.run(hh, jac.p, x, watch=flat)[2]['watch']))
     per_step = []
     for hh, _, x, _, _ in jac.traj:
@@ -707,7 +708,8 @@ def _reader_boundary(step: DenseStep, jac: Jacobians, cj: CutJacobians, l, m_op,
     for v in reversed(between):
         dv = jax.jit(jax.jacrev(lambda Zv, hh, x: step.run(hh, jac.p, x, override=unpack(Zv),
                                                            watch=[v])[2]['watch'][0]))
-        dy = jax.jit(jax.jacrev(lambda val, hh, x: step.run(hh, jac.p, x, override={v: val})[2]['y'][m_op]))
+        dy = jax.jit(jax.jacrev(
+            lambda val, hh, x: step.run(hh, jac.p, x, override={v: val})[2]['y'][m_op]))
         value = jax.jit(lambda hh, x: step.run(hh, jac.p, x, watch=[v])[2]['watch'][0])
         Qs, Js = [], []
         for hh, x, Z, F in per_step:

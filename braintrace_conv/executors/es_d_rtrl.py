@@ -28,6 +28,17 @@ neuron in any style ``exp(-dt/tau)``, for an ALIF neuron at rest ``exp(-dt/tau)`
 ``exp(-dt/tau_a)``. With ``decay`` given, every op has that one decay instead, paired
 with its whole output trace. :meth:`report` shows each op's decays.
 
+``cross_layer=1`` follows each factorised trace one hop further, through the dynamics of
+the neurons of the op that reads its neurons (the next layer, a leaky readout): per such
+pair, three more traces (the input trace filtered again by the reader's decay, the gated
+output trace ``post``, and ``sig`` on the reader's neurons) and per step one transposed
+reader and one more ``xy_to_dw``::
+
+    dW += xy_to_dw(x_lm / Z_lm, post * J^T(sum_m g_m * D_m sig) / Z_lm)
+
+(``docs/theory.md``, "One hop across layers"; exact on the top two layers of a stack of
+linear leaky layers).
+
 ``exact=`` and ``exact_budget=`` give some ops D-RTRL's exact traces instead
 (``D_RTRL``'s recursion, position-resolved, memory ``B * S_out * |K| * m``): where a
 model's long memory lives in a few small layers, those get exact traces and the large
@@ -333,7 +344,8 @@ class ES_D_RTRL(OnlineLearner):
         norms = [jnp.zeros((), dtype) for _ in plan.filters]
         exact = {k: self.op_trace_zeros(graph, k, 'init_drtrl') for k in plan.exact}
         hop = [self._hop_zeros(graph, plan, ht) for ht in plan.hop_traces]
-        hop_dw = {ht.op: {n: jnp.zeros(a.shape, dtype) for n, a in graph.ops[ht.op].weight_avals.items()}
+        hop_dw = {ht.op: {name: jnp.zeros(a.shape, dtype)
+                          for name, a in graph.ops[ht.op].weight_avals.items()}
                   for ht in plan.hop_traces}
         return dict(x=x_traces, f=out_traces, norm=norms, exact=exact, hop=hop, hop_dw=hop_dw)
 
@@ -372,9 +384,10 @@ class ES_D_RTRL(OnlineLearner):
             # neurons carry them on by D^t, and g^t reads the result
             reader = graph.ops[plan.hops[ht.hop].reader]
             d, df = self.signals_in_y_layout(graph, plan.hops[ht.hop].reader, sig)
-            g = graph.y_layout(reader, sig.g[reader.group], 1).astype(d.dtype)
-            dw = self._hop_dw(graph, ht, old, jnp.einsum('...a,...ab->...b', g, d), weights)
-            hop_dw[ht.op] = jax.tree.map(jnp.add, hop_dw[ht.op], dw)
+            if self.window is None:     # inside windows BPTT has the steps' terms
+                g = graph.y_layout(reader, sig.g[reader.group], 1).astype(d.dtype)
+                dw = self._hop_dw(graph, ht, old, jnp.einsum('...a,...ab->...b', g, d), weights)
+                hop_dw[ht.op] = jax.tree.map(jnp.add, hop_dw[ht.op], dw)
             hop.append(self._advance_hop(graph, ht, old, new, sig, d, df))
         return dict(new, hop=hop, hop_dw=hop_dw)
 
@@ -481,10 +494,11 @@ class ES_D_RTRL(OnlineLearner):
                    hop_dw={k: jax.tree.map(jnp.zeros_like, dw)
                            for k, dw in state['ops']['hop_dw'].items()})
         dw, d_dyn = super()._boundary(graph, dict(state, ops=ops), g_hidden, weights)
+        cut = _scan.cut_cotangents(self, graph, state, g_hidden) if plan.hop_traces else []
         for ht, hop_state in zip(plan.hop_traces, state['ops']['hop']):
             reader = graph.ops[plan.hops[ht.hop].reader]
-            cut = _scan.cut_cotangents(self, graph, state, g_hidden)[reader.group]
-            extra = self._hop_dw(graph, ht, hop_state, graph.y_layout(reader, cut, 1), weights)
+            extra = self._hop_dw(graph, ht, hop_state, graph.y_layout(reader, cut[reader.group], 1),
+                                 weights)
             dw[ht.op] = jax.tree.map(jnp.add, dw[ht.op], extra)
         return dw, d_dyn
 
