@@ -222,10 +222,12 @@ CROSS_LAYER = ('recurrent-conv', 'user-recurrent-brainstate', 'ours-recurrent-po
 
 
 def _cross_layer_cases():
+    # adaptive neurons (two cut values each) with one decay given
     return [pytest.param(name, decay, id=f'{name}-{"inferred" if decay is None else decay}',
                          marks=() if (name, decay) == ('recurrent-conv', DECAY)
                          else (pytest.mark.slow,))
-            for name in CROSS_LAYER for decay in (DECAY, None)]
+            for name in CROSS_LAYER for decay in (DECAY, None)] + [
+        pytest.param('ours-alif', DECAY, id='ours-alif-0.9', marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize('name, decay', _cross_layer_cases())

@@ -36,11 +36,14 @@ class Hop:
       boundary: the jaxpr variable ``b`` (see module docstring).
       to_hidden: ``None`` when ``b`` is in the group's hidden layout, else the hidden
         flat position of each flat element of ``b``.
+      own: ``b`` is computed from no other group's cut within the step (so one
+        forward-mode pass gives the ``psi`` of every such hop at once).
     """
     source: int
     reader: int
     boundary: Any
     to_hidden: np.ndarray | None
+    own: bool = True
 
     def hidden_of(self, graph: StepGraph, b):
         """A ``b``-shaped array in the source group's hidden layout."""
@@ -58,17 +61,21 @@ def find_hops(graph: StepGraph) -> list[Hop]:
       ValueError: naming the op and the neurons, when ``m``'s input depends on the group's
         state other than through one value per neuron followed by a linear map.
     """
-    hops = []
+    hops, reached = [], []
     for gi, grp in enumerate(graph.groups):
         size = int(np.prod(grp.shape))
         sources = {v: (np.arange(size) if perm is None else np.asarray(perm)).reshape(v.aval.shape)
                    for v, perm in zip(grp.cut, grp.cut_to_hidden)}
         # positions followed up to the ETP ops: a later layer's op is read through its own
         reach = propagate(graph.step.closed_jaxpr.jaxpr, sources, {})
+        reached.append(set(reach.index))
         for m, op in enumerate(graph.ops):
             if op.group is not None and op.group != gi and op.eqn in reach.etp_inputs:
                 hops.append(Hop(gi, m, *_boundary(graph, grp, op, reach)))
-    return hops
+    jaxpr = graph.step.closed_jaxpr.jaxpr
+    return [dataclasses.replace(h, own=not any(
+        h.boundary in reached[gi] or depends_on(jaxpr, h.boundary, set(grp.cut))
+        for gi, grp in enumerate(graph.groups) if gi != h.source)) for h in hops]
 
 
 def _boundary(graph: StepGraph, grp, op, reach):
@@ -202,23 +209,32 @@ def reader_transpose(graph: StepGraph, hop: Hop, weights, cotangent):
 
 
 def boundary_derivatives(graph: StepGraph, at, hops: list) -> list:
-    """``psi^t = db^t/dz^t`` per hop, ``(*source group shape, m)`` in the hidden layout:
-    one forward-mode pass per group read and cut column, at the step point ``at``
-    (:class:`~.signals.StepPoint`, the ETP outputs held)."""
+    """``psi^t = db^t/dz^t`` per hop, ``(*source group shape, m)`` in the hidden layout, at
+    the step point ``at`` (:class:`~.signals.StepPoint`, the ETP outputs held): one
+    forward-mode pass per cut column for every hop whose ``b`` reads its own group's cut
+    only (the tangent is one on that column of every group's cut), one per group read
+    and column for the others."""
     cut_vars = graph.cut_vars
     eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in cut_vars]
     out = [None] * len(hops)
-    for gi in sorted({h.source for h in hops}):
-        mine = [j for j, h in enumerate(hops) if h.source == gi]
+    batches = [[j for j, h in enumerate(hops) if h.own]]
+    batches += [[j for j, h in enumerate(hops) if not h.own and h.source == gi]
+                for gi in sorted({h.source for h in hops if not h.own})]
+    for mine in [b for b in batches if b]:
+        groups = {hops[j].source for j in mine}
         watched = [hops[j].boundary for j in mine]
         run = lambda e: graph.run(at.hidden, at.params, at.inputs, weights=at.weights,
                                   op_outputs=at.op_outputs, hold_custom=at.hold_custom,
                                   eps=dict(zip(cut_vars, e)), watch=watched)[2]['watch']
         columns = []
-        for c in range(graph.groups[gi].m):
-            tangent = [jnp.ones_like(e) if v is graph.groups[gi].cut[c] else jnp.zeros_like(e)
+        for c in range(max(graph.groups[gi].m for gi in groups)):
+            column = {grp.cut[c] for gi, grp in enumerate(graph.groups)
+                      if gi in groups and c < grp.m}
+            tangent = [jnp.ones_like(e) if v in column else jnp.zeros_like(e)
                        for v, e in zip(cut_vars, eps0)]
             columns.append(jax.jvp(run, (eps0,), (tangent,))[1])
         for n, j in enumerate(mine):
-            out[j] = jnp.stack([hops[j].hidden_of(graph, col[n]) for col in columns], axis=-1)
+            width = graph.groups[hops[j].source].m
+            out[j] = jnp.stack([hops[j].hidden_of(graph, col[n]) for col in columns[:width]],
+                               axis=-1)
     return out
