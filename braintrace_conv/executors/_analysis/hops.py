@@ -100,11 +100,7 @@ def _function_of(graph: StepGraph, b, op):
     def x_of(value):
         env = _slice(graph, b, value)
         return read(env, op.x_var)
-    zeros = jax.ShapeDtypeStruct(b.aval.shape, b.aval.dtype)
-    try:
-        out = jax.eval_shape(x_of, zeros)
-    except TypeError:     # an equation met an unknown operand
-        return None
+    out = jax.eval_shape(x_of, jax.ShapeDtypeStruct(b.aval.shape, b.aval.dtype))
     return x_of if out is not None else None
 
 
@@ -189,18 +185,12 @@ def reader_transpose(graph: StepGraph, hop: Hop, weights, cotangent):
     back to ``b`` (``b``'s shape), with the reader's weight operands ``weights``."""
     op = graph.ops[hop.reader]
     eqn = graph.step.closed_jaxpr.jaxpr.eqns[op.eqn]
-    x_of = _function_of(graph, hop.boundary, op)
 
     def y_of(b):
-        invals = [read({}, v) if is_literal(v) else None for v in eqn.invars]
+        env = _slice(graph, hop.boundary, b)
+        invals = [read(env, v) for v in eqn.invars]
         for name, slot in op.weight_slots.items():
             invals[slot] = weights[name]
-        invals[op.primitive.x_invar_index] = x_of(b)
-        if any(val is None for val in invals):
-            consts = dict(zip(graph.step.closed_jaxpr.jaxpr.constvars,
-                              graph.step.closed_jaxpr.consts))
-            invals = [consts.get(v) if val is None and not is_literal(v) else val
-                      for v, val in zip(eqn.invars, invals)]
         return bind_eqn(eqn, invals)[0]
 
     b0 = jnp.zeros(hop.boundary.aval.shape, cotangent.dtype)
