@@ -29,18 +29,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import default_path, write_results  # noqa: E402
+from long_memory import train  # noqa: E402
 from timing import interleaved  # noqa: E402
 
-CONFIGS = {'es-d-rtrl': [], 'cross-layer': ['--cross-layer', '1'], 'bptt': []}
+#: The command line's configurations (``long_memory.parse_config``) of ``--part accuracy``.
+CONFIGS = ('es-d-rtrl', 'es-d-rtrl/cross_layer=1', 'bptt')
 
 
 def _load() -> list:
@@ -137,23 +136,6 @@ def costs(T: int, repeats: int) -> list:
     return out
 
 
-def train(task: str, config: str, seed: int) -> dict:
-    """One ``braintrace-conv train`` run in a fresh process; its test accuracy."""
-    algorithm = 'bptt' if config == 'bptt' else 'es-d-rtrl'
-    argv = ['train', '--task', task, '--channels', '8,16,16,32', '--algorithm', algorithm,
-            '--seed', str(seed), '--quiet', *CONFIGS[config]]
-    with tempfile.TemporaryDirectory() as out:
-        start = time.perf_counter()
-        done = subprocess.run([sys.executable, '-m', 'braintrace_conv.cli', *argv, '--out', out],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f'braintrace-conv {" ".join(argv)} failed:\n{done.stderr[-3000:]}')
-        with open(os.path.join(out, 'metrics.json')) as f:
-            metrics = json.load(f)
-    return dict(task=task, config=config, seed=seed, test_accuracy=metrics['test_accuracy'],
-                wall_s=time.perf_counter() - start, load_average=_load())
-
-
 # ----------------------------------------------------------------------------- tables
 def cosine_table(results: list) -> str:
     lines = ['| model seed | BPTT updates | executor | block 0 / 1 / 2 / 3 kernels |',
@@ -197,7 +179,7 @@ def main(argv=None) -> int:
     parser.add_argument('--lengths', type=int, nargs='+', default=[20])
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--tasks', nargs='+', default=['digits'])
-    parser.add_argument('--configs', nargs='+', choices=tuple(CONFIGS), default=list(CONFIGS))
+    parser.add_argument('--configs', nargs='+', choices=CONFIGS, default=list(CONFIGS))
     parser.add_argument('--json', help='results file (default benchmarks/results/'
                                        'cross_layer_<part>.json), added to')
     args = parser.parse_args(argv)
@@ -224,7 +206,7 @@ def main(argv=None) -> int:
         for task in args.tasks:
             for seed in args.seeds:
                 for config in args.configs:
-                    add([train(task, config, seed)])
+                    add([train(task, config, seed, ['--channels', '8,16,16,32'])])
                     print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     print(TABLES[args.part](results))
     return 0
