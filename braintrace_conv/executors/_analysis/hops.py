@@ -72,10 +72,9 @@ def find_hops(graph: StepGraph) -> list[Hop]:
         for m, op in enumerate(graph.ops):
             if op.group is not None and op.group != gi and op.eqn in reach.etp_inputs:
                 hops.append(Hop(gi, m, *_boundary(graph, grp, op, reach)))
-    jaxpr = graph.step.closed_jaxpr.jaxpr
-    return [dataclasses.replace(h, own=not any(
-        h.boundary in reached[gi] or depends_on(jaxpr, h.boundary, set(grp.cut))
-        for gi, grp in enumerate(graph.groups) if gi != h.source)) for h in hops]
+    return [dataclasses.replace(h, own=not any(h.boundary in reached[gi]
+                                               for gi in range(len(graph.groups))
+                                               if gi != h.source)) for h in hops]
 
 
 def _boundary(graph: StepGraph, grp, op, reach):
