@@ -5,7 +5,9 @@ net (``recurrent_conv_snn((2, 32, 32), 8, channels=(8, 16, 16, 32), kernel_size=
 recurrent=False, tau=10)``), float64, the first 8 moving-bars samples at 32x32, T = 32,
 cross-entropy at every step, per model seed; at the initial parameters, or after
 ``--bptt-updates N`` Adam updates (lr 5e-3) of BPTT on batches of 8 other samples (64
-samples of another data seed, in turn).
+samples of another data seed, in turn). ``--net recurrent`` takes the shape of the
+command line's digits model instead: 16x16 frames, T = 24, a recurrent convolution in
+blocks 1-3 (``recurrent=True``).
 
 ``--part cost``: seconds per step of the whole-sequence gradient (median of interleaved
 rounds, float32, decays inferred) and trace bytes (``report()``), ES-D-RTRL and
@@ -46,18 +48,23 @@ def _load() -> list:
     return [round(v, 2) for v in os.getloadavg()]
 
 
-def four_blocks(seed: int):
+#: ``(frame side, T, recurrent)`` of each net of the cosine part.
+NETS = {'4-block': (32, 32, False), 'recurrent': (16, 24, True)}
+
+
+def four_blocks(seed: int, net: str = '4-block'):
     import brainstate
     from braintrace_conv.models import recurrent_conv_snn
+    side, _, recurrent = NETS[net]
     brainstate.random.seed(seed)
-    return recurrent_conv_snn((2, 32, 32), 8, channels=(8, 16, 16, 32), kernel_size=3,
-                              recurrent=False, tau=10)
+    return recurrent_conv_snn((2, side, side), 8, channels=(8, 16, 16, 32), kernel_size=3,
+                              recurrent=recurrent, tau=10)
 
 
-def _bars(T: int = 32, batch: int = 8, seed: int = 0):
+def _bars(T: int = 32, batch: int = 8, seed: int = 0, side: int = 32):
     import jax.numpy as jnp
     from braintrace_conv.data.tasks.moving_bars import moving_bars
-    data = moving_bars(batch, T=T, size=(32, 32), seed=seed)
+    data = moving_bars(batch, T=T, size=(side, side), seed=seed)
     xs = jnp.asarray(np.asarray(data.events, np.float64)).swapaxes(0, 1)   # (T, B, 2, 32, 32)
     return xs, jnp.broadcast_to(jnp.asarray(data.labels), xs.shape[:2])
 
@@ -68,19 +75,20 @@ def xent(logits, label):
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), label[:, None], 1))
 
 
-def cosines(seed: int, bptt_updates: int) -> list:
+def cosines(seed: int, bptt_updates: int, net: str) -> list:
     import brainstate
     import optax
     import braintrace_conv as bc
     bc.use_float64()
-    xs, labels = _bars()
-    model = four_blocks(seed)
+    side, T, _ = NETS[net]
+    xs, labels = _bars(T, side=side)
+    model = four_blocks(seed, net)
     if bptt_updates:
         bptt = bc.BPTT(model)
         params = model.states(brainstate.ParamState)
         opt = optax.adam(5e-3)
         state = opt.init({k: p.value for k, p in params.items()})
-        train_xs, train_labels = _bars(batch=64, seed=1)
+        train_xs, train_labels = _bars(T, batch=64, seed=1, side=side)
         for n in range(bptt_updates):
             part = slice(8 * (n % 8), 8 * (n % 8) + 8)
             _, grads = bptt.value_and_grad(xent, train_xs[:, part], train_labels[:, part])
@@ -99,7 +107,7 @@ def cosines(seed: int, bptt_updates: int) -> list:
                 g = np.ravel(report.gradient(grads, row['parameter']))
                 r = np.ravel(report.gradient(reference, row['parameter']))
                 cos[row['parameter']] = float(g @ r / (np.linalg.norm(g) * np.linalg.norm(r)))
-        out.append(dict(config=name, seed=seed, bptt_updates=bptt_updates, cosine=cos,
+        out.append(dict(net=net, config=name, seed=seed, bptt_updates=bptt_updates, cosine=cos,
                         load_average=_load()))
         print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     return out
@@ -138,12 +146,14 @@ def costs(T: int, repeats: int) -> list:
 
 # ----------------------------------------------------------------------------- tables
 def cosine_table(results: list) -> str:
-    lines = ['| model seed | BPTT updates | executor | block 0 / 1 / 2 / 3 kernels |',
-             '| ---: | ---: | --- | --- |']
-    for r in sorted(results, key=lambda r: (r['bptt_updates'], r['seed'], r['config'])):
-        blocks = [v for k, v in r['cosine'].items() if k.startswith('blocks.')]
-        lines.append(f"| {r['seed']} | {r['bptt_updates']} | {r['config']} | "
-                     f"{' / '.join(f'{v:.3f}' for v in blocks)} |")
+    lines = ['| net | model seed | BPTT updates | executor | blocks: kernel cosines |',
+             '| --- | ---: | ---: | --- | --- |']
+    for r in sorted(results, key=lambda r: (r.get('net', '4-block'), r['bptt_updates'],
+                                            r['seed'], r['config'])):
+        blocks = [f"{k.removeprefix('blocks.').removesuffix('.weight')} {v:.3f}"
+                  for k, v in r['cosine'].items() if k.startswith('blocks.')]
+        lines.append(f"| {r.get('net', '4-block')} | {r['seed']} | {r['bptt_updates']} | "
+                     f"{r['config']} | {', '.join(blocks)} |")
     return '\n'.join(lines)
 
 
@@ -176,6 +186,7 @@ def main(argv=None) -> int:
     parser.add_argument('--part', choices=tuple(TABLES), default='cosine')
     parser.add_argument('--seeds', type=int, nargs='+', default=[0])
     parser.add_argument('--bptt-updates', type=int, default=0)
+    parser.add_argument('--net', choices=tuple(NETS), default='4-block')
     parser.add_argument('--lengths', type=int, nargs='+', default=[20])
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--tasks', nargs='+', default=['digits'])
@@ -198,7 +209,7 @@ def main(argv=None) -> int:
 
     if args.part == 'cosine':
         for seed in args.seeds:
-            add(cosines(seed, args.bptt_updates))
+            add(cosines(seed, args.bptt_updates, args.net))
     elif args.part == 'cost':
         for T in args.lengths:
             add(costs(T, args.repeats))
