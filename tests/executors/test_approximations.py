@@ -8,7 +8,8 @@ a parameter labelled exact also equals BPTT; no gradient is all zero where BPTT'
 not; and every report row finds its gradient by the path it prints. ES-D-RTRL with its
 decays inferred (one input trace per timescale) is checked the same way on neurons with
 two states: adaptive (ours, the brain ecosystem's, a user's reset-after-spike one) and
-current-based.
+current-based; ES-D-RTRL with one hop across layers (``cross_layer=1``) on nets of two
+to four spiking layers.
 """
 import functools
 

@@ -5,7 +5,9 @@ The decays are given (one for every op) or inferred per op from the dynamics of 
 neurons it drives, one input trace per timescale (concrete values only: not inside an
 outer ``jax.jit`` before a first call); the time index of its normalisation counts
 steps, not calls (float64, against BPTT). Multi-decay ES is checked against its
-brute-force reference in ``test_approximations.py``.
+brute-force reference in ``test_approximations.py``. One hop across layers
+(``cross_layer=1``) equals BPTT on the top two layers of linear leaky stacks; what it
+refuses, and that ``cross_layer=0`` is ES-D-RTRL to the bit.
 """
 import functools
 
