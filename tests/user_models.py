@@ -178,16 +178,16 @@ class LinearLeaky(brainstate.nn.Module):
 
 
 class LinearStack(brainstate.nn.Module):
-    """Linear leaky conv layers ``h_n = a_n h_n + conv(h_{n-1}) + b_n`` on 8x8 maps, one per
-    decay in ``decays``, optionally a 2x2 average pooling (``pool='avg'``, linear) or max
-    pooling (``'max'``) between the layers; returns the top state."""
+    """Linear leaky conv layers ``h_n = a_n h_n + gain (conv(h_{n-1}) + b_n)`` on 8x8 maps,
+    one per decay in ``decays``, optionally a 2x2 average pooling (``pool='avg'``, linear) or
+    max pooling (``'max'``) between the layers; returns the top state."""
 
     CHANNELS = (2, 3, 4, 3)
 
-    def __init__(self, decays, pool=None, seed=0):
+    def __init__(self, decays, pool=None, seed=0, gain=1.0):
         super().__init__()
         rng = np.random.default_rng(seed)
-        self.decays, self.pool = tuple(decays), pool
+        self.decays, self.pool, self.gain = tuple(decays), pool, gain
         pairs = list(zip(self.CHANNELS[:-1], self.CHANNELS[1:]))[:len(self.decays)]
         self.K = [brainstate.ParamState(jnp.asarray(rng.normal(size=(3, 3, a, b)) * 0.4))
                   for a, b in pairs]
@@ -210,7 +210,7 @@ class LinearStack(brainstate.nn.Module):
                 x = x.mean((2, 4)) if self.pool == 'avg' else x.max((2, 4))
             y = bc.conv(x, self.K[n].value, self.b[n].value, strides=1, padding='SAME',
                         dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-            self.h[n].value = a * self.h[n].value + y
+            self.h[n].value = a * self.h[n].value + self.gain * y
             x = self.h[n].value
         return x
 

@@ -326,11 +326,13 @@ def _errors(model, learner, xs, targets):
     return {f'{key[0]}.{key[1]}': rel_err(grads[key], ref[key]) for key in ref}
 
 
-@pytest.mark.parametrize('pool, window', [(None, None), ('avg', None), (None, 2)])
-def test_one_hop_is_exact_on_two_linear_leaky_layers(pool, window):
+@pytest.mark.parametrize('pool, window, gain', [(None, None, 1.0), ('avg', None, 1.0),
+                                                (None, 2, 1.0), (None, None, 0.3)])
+def test_one_hop_is_exact_on_two_linear_leaky_layers(pool, window, gain):
     """Every layer of a stack of two, whatever their decays: the one path ES cuts (the
-    first layer's effect through the second's state) is the hop."""
-    model = LinearStack((0.8, 0.6), pool=pool)
+    first layer's effect through the second's state) is the hop. With a gain on the input
+    (``Df = 0.3``) the reader's trace must take ``Df Z`` as its input, not ``Z``."""
+    model = LinearStack((0.8, 0.6), pool=pool, gain=gain)
     xs, targets = linear_stack_data(model)
     errors = _errors(model, bc.ES_D_RTRL(model, cross_layer=1, window=window), xs, targets)
     assert max(errors.values()) < 1e-12, errors
