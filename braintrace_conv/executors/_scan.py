@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from ..primitive import apply_state_jacobian
+from ._analysis.hops import boundary_derivatives
 from ._analysis.signals import (StepSignals, scalar_loss, state_jacobian, step_point,
                                 step_signals, trace_inputs)
 from ._analysis.step import StepJaxpr
@@ -230,7 +231,8 @@ def _block_forward(learner, graph, loss_fn, params, params_held, weights, hidden
 def _evaluated_step(learner, graph, params, params_held, weights, h, a, release, x):
     """One step evaluated once, with its ops, differentiable in ``params`` and ``h``:
     ``(new hidden leaves, outputs, trace inputs, release, A_next)``. The trace inputs
-    (``op_inputs, D, Df, phi_in`` of :class:`StepSignals`, of the grouped ops) and the
+    (``op_inputs, D, Df, phi_in`` of :class:`StepSignals`, of the grouped ops, and the
+    ``psi`` of the learner's one-hop traces) and the
     release Jacobians and next state Jacobian are taken from that evaluation's values,
     held (not differentiated), at ``params_held`` (the values of ``params``)."""
     held = lax.stop_gradient
@@ -238,9 +240,11 @@ def _evaluated_step(learner, graph, params, params_held, weights, h, a, release,
     at = step_point(graph, held(h), params_held, weights, x, held(rec['op_outputs']), False)
     sig = trace_inputs(at, held(rec['cut']), held(new_h), release, A=a,
                        next_jacobian=learner._early_jacobian(graph))
+    hops = learner._hops(graph)
     kept = dict(op_inputs={k: held(v) for k, v in rec['op_inputs'].items()
                            if graph.ops[k].group is not None},
-                D=sig['D'], Df=sig['Df'], phi_in=sig['phi_in'])
+                D=sig['D'], Df=sig['Df'], phi_in=sig['phi_in'],
+                psi=boundary_derivatives(graph, at, list(hops)) if hops else [])
     return new_h, out, kept, sig['release'], sig['A_next']
 
 
@@ -248,7 +252,7 @@ def _advance_signals(kept, release):
     """The trace inputs ``kept`` of a step and its ``release`` as :class:`StepSignals`, the
     fields :meth:`~.base.OnlineLearner._advance_ops` reads (the others None)."""
     return StepSignals(None, None, None, kept['op_inputs'], None, None, None, kept['D'],
-                       kept['Df'], None, kept['phi_in'], release)
+                       kept['Df'], None, kept['phi_in'], release, psi=kept['psi'])
 
 
 def _advance_after(learner, graph, state, kept, weights, boundary):
