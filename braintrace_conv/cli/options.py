@@ -314,9 +314,9 @@ TRAIN_OPTIONS = (
     Option('cross_layer', type=int, metavar='HOPS', choices=(0, 1), stored='when given',
            requires=(Requires('algorithm', ('es-d-rtrl',), word='to'),),
            help="es-d-rtrl: 1 follows each layer's effect one hop through the dynamics of the "
-                "neurons of the layer that reads it (more accurate for deep nets; one more "
-                "weight-gradient and one transposed op per layer and step); 0: each layer's "
-                "own traces only (default)"),
+                "neurons of the layer that reads it (gradients closer to BPTT's in the lower "
+                "layers; not measured to train better; one more weight-gradient and one "
+                "transposed op per layer and step); 0: each layer's own traces only (default)"),
     Option('update_every', type=int, metavar='STEPS', check=positive,
            help='truly online: optimiser step every STEPS time steps (default: once per batch '
                 'of sequences)'),
