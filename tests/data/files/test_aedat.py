@@ -12,21 +12,16 @@ import numpy as np
 import pytest
 
 from braintrace_conv.data import (
-    CAMERA_EVENT_DTYPE,
     EventFileError,
     EventReader,
     read_events,
     write_events,
 )
+from random_events import random_events
 
 
-def recording(n, size, seed=0, start=1_000_000):
-    rng = np.random.default_rng(seed)
-    events = np.zeros(n, CAMERA_EVENT_DTYPE)
-    events["t"] = start + np.cumsum(rng.integers(0, 30, n))
-    events["x"], events["y"] = rng.integers(0, size[0], n), rng.integers(0, size[1], n)
-    events["p"] = rng.integers(0, 2, n)
-    return events
+def recording(n, size, seed=0, start_us=1_000_000):
+    return random_events(n, size, seed, start_us=start_us, max_step_us=30)
 
 
 # ----------------------------------------------------------------- AEDAT 3.1
@@ -102,7 +97,7 @@ def test_aedat3_reads_as_tonic_reads_dvs_gesture_files(tmp_path):
 def test_aedat3_timestamps_count_the_packets_overflows_and_skip_what_is_no_event(tmp_path):
     """64-bit timestamps from each packet's overflow count (2^31 us each), past 2^32 us;
     special-event packets and invalid events are not events."""
-    events = recording(3000, (128, 128), start=(1 << 31) - 20_000)
+    events = recording(3000, (128, 128), start_us=(1 << 31) - 20_000)
     events["t"][1500:] += 3 << 31                  # a silence of hours: the count says it
     path = tmp_path / "late.aedat"
     parts = [events[(events["t"] >> 31) == k] for k in np.unique(events["t"] >> 31)]
@@ -222,7 +217,7 @@ def test_aedat2_cameras_and_what_is_no_pixel_event(tmp_path, chip):
 def test_aedat2_timestamps_wrap_after_silences_up_to_half_the_counter(tmp_path):
     """32-bit timestamps: a drop of 2^31 us or more is a wrap (2^32 us), a smaller one
     time going backwards."""
-    events = recording(1000, (128, 128), start=(1 << 32) - 5_000)
+    events = recording(1000, (128, 128), start_us=(1 << 32) - 5_000)
     events["t"][500:] += (1 << 31) - 1
     assert (events["t"][-1] >> 32) == 1
     path = write_aedat2(tmp_path / "wrap.aedat", "DVS128", dvs128_address(events),

@@ -7,29 +7,22 @@ import numpy as np
 import pytest
 
 from braintrace_conv.data import (
-    CAMERA_EVENT_DTYPE,
     EventFileError,
     EventReader,
     load_event_file,
     read_events,
     write_events,
 )
+from random_events import random_events
 
 
 
-def recording(n=5000, seed=0, size=(24, 16)):
-    rng = np.random.default_rng(seed)
-    events = np.zeros(n, CAMERA_EVENT_DTYPE)
-    events["t"] = 3_000_000 + np.cumsum(rng.integers(0, 40, n))
-    events["x"], events["y"] = rng.integers(0, size[0], n), rng.integers(0, size[1], n)
-    events["p"] = rng.integers(0, 2, n)
-    return events
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("events")
-    events = recording()
+    events = random_events(5000)
     np.save(folder / "a.npy", events)
     np.savez(folder / "stored.npz", events=events)
     np.savez_compressed(folder / "deflated.npz", events=events)
@@ -86,12 +79,12 @@ def test_check_finds_a_wrong_event_that_the_time_range_of_a_mapped_file_does_not
     with pytest.raises(EventFileError, match="event 1998 has the timestamp 0 us") as info:
         reader.check()
     assert info.value.position == 1998
-    np.save(tmp_path / "empty.npy", recording(0))
+    np.save(tmp_path / "empty.npy", random_events(0))
     assert EventReader(tmp_path / "empty.npy").check() is None
 
 
 def _write_bad(tmp_path, change, name="bad.npy"):
-    events = recording(2000)
+    events = random_events(2000)
     change(events)
     np.save(tmp_path / name, events)
     return tmp_path / name
@@ -130,7 +123,7 @@ def test_foreign_and_truncated_files_are_named(tmp_path):
     with pytest.raises(EventFileError, match="expected a structured event array"):
         read_events(tmp_path / "plain.npy")
     data = (tmp_path / "ok.npy")
-    np.save(data, recording(100))
+    np.save(data, random_events(100))
     (tmp_path / "cut.npy").write_bytes(data.read_bytes()[:-7])
     with pytest.raises(EventFileError, match=r"cut.npy: the file declares .* \(truncated"):
         read_events(tmp_path / "cut.npy")
@@ -144,7 +137,7 @@ def test_foreign_and_truncated_files_are_named(tmp_path):
 # ----------------------------------------------------------------- camera files (faery)
 def test_damaged_camera_files_are_named(tmp_path):
     pytest.importorskip("faery")
-    events = recording(20000, seed=3)
+    events = random_events(20000, seed=3)
     raw = write_events(tmp_path / "rec.raw", events, sensor_size=(24, 16), format="evt3")
     (tmp_path / "odd.raw").write_bytes(raw.read_bytes()[:-1])
     with pytest.raises(EventFileError, match="not a whole number of 2-byte words"):

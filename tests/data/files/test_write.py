@@ -10,19 +10,13 @@ from braintrace_conv.data import (
     read_events,
     write_events,
 )
+from random_events import random_events
 
 
-def recording(n, seed=0, size=(24, 16)):
-    rng = np.random.default_rng(seed)
-    events = np.zeros(n, CAMERA_EVENT_DTYPE)
-    events["t"] = 3_000_000 + np.cumsum(rng.integers(0, 40, n))
-    events["x"], events["y"] = rng.integers(0, size[0], n), rng.integers(0, size[1], n)
-    events["p"] = rng.integers(0, 2, n)
-    return events
 
 
 def test_npy_round_trip(tmp_path):
-    events = recording(3000)
+    events = random_events(3000)
     path = write_events(tmp_path / "rec.npy", events)
     np.testing.assert_array_equal(read_events(path), events)
 
@@ -31,7 +25,7 @@ def test_npy_round_trip(tmp_path):
                                             (".raw", "evt2")])
 def test_camera_files_round_trip_event_exact(tmp_path, suffix, format):
     pytest.importorskip("faery")
-    events = recording(20000, seed=3)
+    events = random_events(20000, seed=3)
     path = write_events(tmp_path / f"rec{suffix}", events, sensor_size=(24, 16), format=format)
     reader = EventReader(path, block_events=1000)
     assert reader.format == format and reader.sensor_size == (24, 16)
@@ -48,7 +42,7 @@ def test_camera_files_keep_timestamps_across_silences_and_past_2_to_the_32(tmp_p
                                                                          format):
     """AEDAT4 stores whole 64-bit timestamps; EVT files counters that wrap (prophesee)."""
     pytest.importorskip("faery")
-    events = recording(8)
+    events = random_events(8)
     events["t"] = [10, 4_999, 16_777_200, 16_782_300, 36_000_000, (1 << 32) + 5,
                    (1 << 33) + 7, (1 << 35) + 1]
     path = write_events(tmp_path / f"late{suffix}", events, sensor_size=(24, 16),
@@ -57,15 +51,15 @@ def test_camera_files_keep_timestamps_across_silences_and_past_2_to_the_32(tmp_p
 
 
 def test_wrong_events_and_arguments_are_refused_before_writing(tmp_path):
-    events = recording(100)
+    events = random_events(100)
     events["t"][50] = 0
     with pytest.raises(EventFileError, match="event 50 has the timestamp 0 us, earlier"):
         write_events(tmp_path / "rec.npy", events)
     assert not (tmp_path / "rec.npy").exists()
     with pytest.raises(ValueError, match="cannot tell the format of .*rec.raw"):
-        write_events(tmp_path / "rec.raw", recording(10), sensor_size=(24, 16))
+        write_events(tmp_path / "rec.raw", random_events(10), sensor_size=(24, 16))
     with pytest.raises(ValueError, match="evt3 files are named \\*.raw"):
-        write_events(tmp_path / "rec.aedat4", recording(10), sensor_size=(24, 16),
+        write_events(tmp_path / "rec.aedat4", random_events(10), sensor_size=(24, 16),
                      format="evt3")
     with pytest.raises(ValueError, match="needs sensor_size"):
-        write_events(tmp_path / "rec.aedat4", recording(10))
+        write_events(tmp_path / "rec.aedat4", random_events(10))
