@@ -171,13 +171,14 @@ def recording_with_gaps(crossing=SHORT_GAPS, seconds=100, seed=0):
     return np.concatenate(parts)
 
 
-def faery_write(path, events, version):
+def faery_write(path, events, version, zero_t0=False):
+    """``events`` written by faery's encoder as ``version`` (evt2, evt3, dat2, ...)."""
     faery = pytest.importorskip("faery")
     out = np.zeros(len(events), faery.EVENTS_DTYPE)
     out["t"], out["x"], out["y"], out["on"] = events["t"], events["x"], events["y"], \
         events["p"] > 0
     faery.file_encoder.events_to_file(iter([out]), path, dimensions=SENSOR, version=version,
-                                      zero_t0=False)
+                                      zero_t0=zero_t0)
     return path
 
 
@@ -408,16 +409,6 @@ def dat_recording(n=3000, seed=0, size=SENSOR):
     return events
 
 
-def faery_write_dat(path, events, version="dat2", zero_t0=False):
-    faery = pytest.importorskip("faery")
-    out = np.zeros(len(events), faery.EVENTS_DTYPE)
-    out["t"], out["x"], out["y"], out["on"] = events["t"], events["x"], events["y"], \
-        events["p"] > 0
-    faery.file_encoder.events_to_file(iter([out]), path, dimensions=SENSOR, version=version,
-                                      zero_t0=zero_t0)
-    return path
-
-
 def dat_file(path, words, *, lines=("Version 2", "Width 24", "Height 16"), kind=b"\x0c\x08"):
     """A DAT file of ``words`` (``(t, data)`` pairs), written byte by byte."""
     text = "".join(f"% {line}\n" for line in lines).encode()
@@ -433,7 +424,7 @@ def test_dat_files_written_by_faery_read_back_event_exact_as_faery_reads_them(
     (which adds the header's ``% T0``) as the independent one."""
     faery = pytest.importorskip("faery")
     events = dat_recording()
-    path = faery_write_dat(tmp_path / "rec.dat", events, version, zero_t0)
+    path = faery_write(tmp_path / "rec.dat", events, version, zero_t0)
     reader = EventReader(path, block_events=101)
     assert (reader.format, reader.sensor_size, reader.num_events) == ("dat", SENSOR, len(events))
     np.testing.assert_array_equal(read_events(path), events)
@@ -447,7 +438,7 @@ def test_dat_files_written_by_faery_read_back_event_exact_as_faery_reads_them(
 def test_dat_files_equal_expelliarmus_reading(tmp_path):
     expelliarmus = pytest.importorskip("expelliarmus")
     events = dat_recording(seed=1)
-    path = faery_write_dat(tmp_path / "rec.dat", events)
+    path = faery_write(tmp_path / "rec.dat", events, "dat2")
     wizard = expelliarmus.Wizard(encoding="dat")
     wizard.set_file(str(path))
     theirs = wizard.read()
