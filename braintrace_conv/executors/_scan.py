@@ -237,7 +237,7 @@ def _evaluated_step(learner, graph, params, params_held, weights, h, a, release,
     held (not differentiated), at ``params_held`` (the values of ``params``)."""
     held = lax.stop_gradient
     new_h, out, rec = graph.run(h, params, x)
-    at = step_point(graph, held(h), params_held, weights, x, held(rec['op_outputs']), False)
+    at = step_point(graph, held(h), params_held, weights, x, held(rec['op_outputs']))
     sig = trace_inputs(at, held(rec['cut']), held(new_h), release, A=a,
                        next_jacobian=learner._early_jacobian(graph))
     hops = learner._hops(graph)

@@ -160,7 +160,7 @@ class StepGraph:
 
     # ---------------------------------------------------------------- evaluation
     def run(self, hidden, params, inputs, *, weights=None, eps=None, override=None,
-            delta=None, op_outputs=None, hold_custom=False, watch=()):
+            delta=None, op_outputs=None, rest=None, watch=()):
         """Evaluate the step with hooks.
 
         Args:
@@ -174,8 +174,9 @@ class StepGraph:
           op_outputs: ``{op_index: y}``, the ETP op outputs of this step: they
             replace the ops (no recomputation), which cuts every path
             through them.
-          hold_custom: treat functions with a custom derivative (surrogate
-            spikes) as constants, leaving the leak of the dynamics.
+          rest: a :class:`~.held.Rest`, for the dynamics at rest: every function
+            differentiated as its value changes, so spikes are constant and the
+            leak and couplings of the dynamics are left (:mod:`.held`).
           watch: further variables whose values are recorded.
 
         Returns:
@@ -195,9 +196,7 @@ class StepGraph:
         def bind(i, eqn, invals):
             k = op_at.get(i)
             if k is None:
-                if hold_custom and eqn.primitive.name.startswith(('custom_jvp', 'custom_vjp')):
-                    return [lax.stop_gradient(o) for o in bind_eqn(eqn, invals)]
-                return None
+                return None if rest is None else rest.bind(eqn, invals)
             op = self.ops[k]
             if weights is not None:
                 for name, slot in op.weight_slots.items():

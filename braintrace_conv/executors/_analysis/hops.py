@@ -213,7 +213,7 @@ def boundary_derivatives(graph: StepGraph, at, hops: list) -> list:
         groups = {hops[j].source for j in mine}
         watched = [hops[j].boundary for j in mine]
         run = lambda e: graph.run(at.hidden, at.params, at.inputs, weights=at.weights,
-                                  op_outputs=at.op_outputs, hold_custom=at.hold_custom,
+                                  op_outputs=at.op_outputs, rest=at.rest,
                                   eps=dict(zip(cut_vars, e)), watch=watched)[2]['watch']
         columns = []
         for c in range(max(graph.groups[gi].m for gi in groups)):

@@ -112,12 +112,12 @@ def _stack_columns(columns, count):
 
 
 def state_jacobian(graph: StepGraph, hidden, params, weights, inputs, op_outputs, *,
-                   hold_custom: bool = False) -> list:
+                   rest=None) -> list:
     """``A^t = dz^t/dh^{t-1}`` per group, ``(*group.shape, m, n)``: one forward-mode pass
     per state variable through the step with its ETP outputs ``op_outputs`` (``{op index:
     y}``) in place of the ops, so no convolution is recomputed."""
     run = lambda h: graph.run(h, params, inputs, weights=weights, op_outputs=op_outputs,
-                              hold_custom=hold_custom)[2]['cut']
+                              rest=rest)[2]['cut']
     n_max = max([grp.n for grp in graph.groups], default=0)
     cols = [_per_group(graph, jax.jvp(run, (hidden,), (_hidden_basis(graph, hidden, c),))[1])
             for c in range(n_max)]
@@ -146,7 +146,7 @@ def jacobian_reads_only_state(graph: StepGraph) -> bool:
 
 
 def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss_fn,
-                 release, *, hold_custom: bool = False, A=None,
+                 release, *, rest=None, A=None,
                  next_jacobian: bool = False, hops=()) -> StepSignals:
     """Evaluate one step and all learning signals (see module docstring).
 
@@ -157,8 +157,8 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
       target: the step's target pytree, passed to ``loss_fn``.
       loss_fn: ``loss_fn(output, target) -> scalar``.
       release: the previous step's ``StepSignals.release`` (or :func:`init_release`).
-      hold_custom: hold functions with custom derivatives (surrogate spikes)
-        constant in the Jacobians, which then describe the leak only.
+      rest: a :class:`~.held.Rest`: the Jacobians of the dynamics at rest, spikes
+        held constant (:mod:`.held`), which then describe the leak and couplings only.
       A: this step's :func:`state_jacobian`, if already evaluated (see
         :func:`jacobian_reads_only_state`); computed here otherwise.
       next_jacobian: also evaluate the next step's, at the new state (``A_next``).
@@ -168,7 +168,7 @@ def step_signals(graph: StepGraph, hidden, params, weights, inputs, target, loss
     eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in graph.cut_vars]
     loss, new_h, out, record, g, gamma, direct_grads = learning_signals(
         graph, hidden, params, weights, inputs, target, loss_fn, eps0)
-    at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'], hold_custom)
+    at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'], rest)
     if any(grp.chained for grp in graph.groups):
         g = chained_learning_signal(at, eps0, record['cut'], g)
     psi = boundary_derivatives(graph, at, list(hops)) if hops else ()
@@ -187,12 +187,12 @@ def trace_inputs(at: StepPoint, z, new_hidden, release, *, A=None,
     A step evaluated once, with its ops, gives ``z``, ``new_hidden`` and the ops' outputs
     (:meth:`~.graph.StepGraph.run`'s record): nothing of it is evaluated again here but
     the step's elementwise part, in the forward and reverse passes of its Jacobians."""
-    graph, hold = at.graph, at.hold_custom
+    graph, rest = at.graph, at.rest
     if A is None:
         A = state_jacobian(graph, at.hidden, at.params, at.weights, at.inputs, at.op_outputs,
-                           hold_custom=hold)
+                           rest=rest)
     A_next = (state_jacobian(graph, new_hidden, at.params, at.weights, at.inputs,
-                             at.op_outputs, hold_custom=hold) if next_jacobian else None)
+                             at.op_outputs, rest=rest) if next_jacobian else None)
     phi_inst, phi_in = dynamic_trace_inputs(graph, A, parameter_jacobians(at), release)
     return dict(D=transition(graph, A, release), Df=output_jacobian(at, z), phi_inst=phi_inst,
                 phi_in=phi_in, release=release_jacobians(at, z, release), A_next=A_next)
@@ -257,7 +257,7 @@ class StepPoint:
     weights: list
     inputs: list
     op_outputs: dict
-    hold_custom: bool
+    rest: object           # a held.Rest, or None
     grouped: list          # indices of the ops that feed a group
     dynamic_leaves: list   # parameter leaves with a DynamicParam
     deltas: list
@@ -273,19 +273,19 @@ class StepPoint:
         cut_vars = self.graph.cut_vars
         new, _, record = self.graph.run(
             self.hidden, p, self.inputs, weights=self.weights, op_outputs=self.op_outputs,
-            hold_custom=self.hold_custom, delta=dict(zip(self.grouped, deltas)),
+            rest=self.rest, delta=dict(zip(self.grouped, deltas)),
             eps=None if eps is None else dict(zip(cut_vars, eps)),
             override=None if override is None else dict(zip(cut_vars, override)))
         return new, record['cut']
 
 
 def step_point(graph: StepGraph, hidden, params, weights, inputs, op_outputs,
-               hold_custom: bool) -> StepPoint:
+               rest=None) -> StepPoint:
     """The :class:`StepPoint` of one step, from its leaves and ETP outputs."""
     grouped = [k for k, op in enumerate(graph.ops) if op.group is not None]
     dynamic_leaves = sorted({dp.leaf for dp in graph.dynamic_params})
     deltas = [jnp.zeros(graph.ops[k].y_aval.shape, graph.ops[k].y_aval.dtype) for k in grouped]
-    return StepPoint(graph, hidden, params, weights, inputs, op_outputs, hold_custom, grouped,
+    return StepPoint(graph, hidden, params, weights, inputs, op_outputs, rest, grouped,
                      dynamic_leaves, deltas, [params[leaf] for leaf in dynamic_leaves])
 
 

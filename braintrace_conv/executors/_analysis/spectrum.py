@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import held
 from .graph import StepGraph
+from .jaxpr import is_literal, reached_from
 from .signals import init_release, step_signals
 
 #: Eigenvalues of a mean state Jacobian closer than this are one decay: the eigenvalues of
@@ -103,40 +105,77 @@ class Filter:
         return self.order == 0 and self.part in ('', 're')
 
 
-def mean_state_jacobians(graph: StepGraph) -> list:
-    """``Dbar`` per group (``m x m`` float64 arrays): the state Jacobian ``D`` averaged over
-    the group's elements, two steps from the model's initial state with zero input and
-    functions that carry a custom derivative (surrogate spikes) held constant, so that
-    it describes the leak and the couplings of the dynamics at rest.
+class RestJacobians:
+    """``Dbar`` per group of one analysed step, for the parameters of each call.
+
+    ``Dbar`` is the group's state Jacobian ``D`` averaged over its elements (an ``m x m``
+    float64 array), two steps from the model's initial state with zero input, every
+    function differentiated as its value changes (:mod:`.held`: spikes are constant), so
+    that it describes the leak and the couplings of the dynamics at rest. The primitives
+    from outside JAX are probed once, at construction.
+
+    Attributes:
+      depends_on_params: whether ``Dbar`` changes with the parameters (a trainable time
+        constant, say): then the decays must be inferred again when they change.
 
     Raises:
       ValueError: when the parameters or the initial state are abstract (inside
-        ``jax.jit``).
+        ``jax.jit``), or the step holds a primitive whose derivative at rest the probe
+        cannot tell (:func:`.held.probe`).
     """
-    step = graph.step
-    params = step.param_leaves()
-    hidden = step.hidden_leaves()
-    if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((params, hidden))):
-        raise ValueError('ES_D_RTRL(model) infers its decays from the model\'s parameters '
-                         'and initial state, which are abstract inside jax.jit: call the '
-                         'learner outside jax.jit (it compiles its own calls), make its '
-                         'first call outside, or pass ES_D_RTRL(model, decay=...).')
-    inputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in step.input_vars]
-    no_loss = lambda out, target: jnp.zeros(())
 
-    def two_steps(hidden):
-        weights = graph.weights(params)
-        release = init_release(graph, jnp.result_type(float))
-        s0 = step_signals(graph, hidden, params, weights, inputs, None, no_loss, release,
-                          hold_custom=True)
-        s1 = step_signals(graph, s0.new_hidden, params, weights, inputs, None, no_loss,
-                          s0.release, hold_custom=True)
-        return s1.D
+    def __init__(self, graph: StepGraph):
+        step = graph.step
+        params, hidden = step.param_leaves(), step.hidden_leaves()
+        if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((params, hidden))):
+            raise ValueError('ES_D_RTRL(model) infers its decays from the model\'s parameters '
+                             'and initial state, which are abstract inside jax.jit: call the '
+                             'learner outside jax.jit (it compiles its own calls), make its '
+                             'first call outside, or pass ES_D_RTRL(model, decay=...).')
+        inputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in step.input_vars]
+        no_loss = lambda out, target: jnp.zeros(())
 
-    D = jax.jit(two_steps)(hidden)
-    # entry by entry, so that a one-state group's decay is the mean of its D as it always was
-    return [np.array([[float(np.mean(np.asarray(d)[..., r, c])) for c in range(d.shape[-1])]
-                      for r in range(d.shape[-1])]) for d in D]
+        def run_steps(recorder):
+            h = hidden
+            for _ in range(2):
+                h = graph.run(h, params, inputs, rest=recorder)[0]
+
+        held_eqns, unclear = held.probe(run_steps)
+        if unclear:
+            raise ValueError(f'ES_D_RTRL(model) infers its decays with every spike held '
+                             f'constant, but cannot tell what {", ".join(unclear)} computes '
+                             f'at the neurons\' rest: its value changes there, yet not as '
+                             f'its derivative says; pass ES_D_RTRL(model, decay=...) with the '
+                             f'decay per step of the neurons it is part of.')
+        rest = held.Rest(held_eqns)
+
+        def two_steps(params, hidden):
+            weights = graph.weights(params)
+            release = init_release(graph, jnp.result_type(float))
+            s0 = step_signals(graph, hidden, params, weights, inputs, None, no_loss, release,
+                              rest=rest)
+            s1 = step_signals(graph, s0.new_hidden, params, weights, inputs, None, no_loss,
+                              s0.release, rest=rest)
+            return s1.D
+
+        jaxpr = jax.make_jaxpr(two_steps)(params, hidden).jaxpr
+        from_params = reached_from(jaxpr, set(jaxpr.invars[:len(params)]))
+        self.depends_on_params = any(not is_literal(v) and v in from_params
+                                     for v in jaxpr.outvars)
+        self._hidden = hidden
+        self._two_steps = jax.jit(two_steps)
+
+    def __call__(self, params) -> list:
+        """``Dbar`` per group for the parameter leaves ``params`` (concrete)."""
+        D = self._two_steps(params, self._hidden)
+        # entry by entry, so that a one-state group's decay is the mean of its D as it was
+        return [np.array([[float(np.mean(np.asarray(d)[..., r, c])) for c in range(d.shape[-1])]
+                          for r in range(d.shape[-1])]) for d in D]
+
+
+def mean_state_jacobians(graph: StepGraph) -> list:
+    """``Dbar`` per group at the model's current parameters (:class:`RestJacobians`)."""
+    return RestJacobians(graph)(graph.step.param_leaves())
 
 
 def single_decay(decay: float, m: int) -> list:

@@ -54,7 +54,7 @@ def test_psi_is_the_surrogate_of_a_reset_after_spike_neuron():
     hidden, params = step.hidden_leaves(), step.param_leaves()
     weights = graph.weights(params)
     _, _, record = graph.run(hidden, params, [x], weights=weights)
-    at = step_point(graph, hidden, params, weights, [x], record['op_outputs'], False)
+    at = step_point(graph, hidden, params, weights, [x], record['op_outputs'])
     (psi,) = boundary_derivatives(graph, at, hops)
     # b = spike(v - 1) of the first layer: psi is the surrogate's derivative there
     v = record['cut'][0]

@@ -21,7 +21,7 @@ def _point(model, outputs=2):
     eps0 = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in graph.cut_vars]
     signals = learning_signals(graph, hidden, params, weights, inputs, target, loss_fn, eps0)
     record = signals[3]
-    at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'], False)
+    at = step_point(graph, hidden, params, weights, inputs, record['op_outputs'])
     return graph, at, signals, eps0, target
 
 
