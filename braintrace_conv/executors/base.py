@@ -123,6 +123,7 @@ class Learner(abc.ABC):
             brainstate.nn.init_all_states(self.model, batch)
             self._batch = batch
         step, prepared = self._capture(xs)
+        self._follow_parameters(prepared, continuing=False)
         self._advancing = False
         hidden = step.hidden_leaves()
         return self._call(step, prepared, loss_fn, hidden, self._take_state_buffers(prepared, hidden),
@@ -176,6 +177,7 @@ class Learner(abc.ABC):
                              f'a new run with this batch size.')
         xs = self._inputs(xs)
         step, prepared = self._capture(xs)
+        self._follow_parameters(prepared, continuing=self._carry is not None)
         self._advancing = True
         if self._carry is None:
             hidden = step.hidden_leaves()
@@ -231,9 +233,11 @@ class Learner(abc.ABC):
         (_, batch), xs = check_sequences(xs, targets), self._inputs(xs)
         brainstate.nn.init_all_states(self.model, batch)
         step, prepared = self._capture(xs)
+        self._follow_parameters(prepared, continuing=False)
         hidden = step.hidden_leaves()
         return self._jitted(prepared, loss_fn, False).lower(
-            step.param_leaves(), hidden, self._init_state(prepared, hidden), False, xs, targets)
+            step.param_leaves(), hidden, self._init_state(prepared, hidden), False, xs, targets,
+            self._call_values(prepared))
 
     def analysis(self):
         """What the learner made of the model step for its last call: for the online
@@ -284,7 +288,8 @@ class Learner(abc.ABC):
         return step
 
     def _jitted(self, prepared, loss_fn, return_outputs):
-        """The compiled sequence ``(params, hidden, state, keep, xs, targets)``.
+        """The compiled sequence ``(params, hidden, state, keep, xs, targets, values)``,
+        ``values`` those of :meth:`_call_values`.
 
         With :attr:`donate_state`, ``state`` is donated: the algorithm's state
         (D-RTRL's traces, up to gigabytes) is advanced in the buffers it arrives in
@@ -292,9 +297,10 @@ class Learner(abc.ABC):
         resets passes the last call's buffers (:meth:`_take_state_buffers`): memory
         the process has not written yet costs a page fault per page at its first
         write (``docs/benchmarks.md``)."""
-        def run(p, h, s, keep, xs, ts):
+        def run(p, h, s, keep, xs, ts, values):
             s = jax.tree.map(lambda a: jnp.where(keep, a, jnp.zeros((), a.dtype)), s)
-            return self._sequence(prepared, loss_fn, p, h, s, xs, ts, return_outputs)
+            return self._traced_call(values, lambda: self._sequence(
+                prepared, loss_fn, p, h, s, xs, ts, return_outputs))
 
         key = (id(prepared), loss_key(loss_fn), return_outputs, self.donate_state)
         donate = (2,) if self.donate_state else ()
@@ -377,7 +383,7 @@ class Learner(abc.ABC):
             check_finite('xs', xs)
             check_finite('targets', targets)
         loss, grads, hidden, state, outs = self._jitted(prepared, loss_fn, return_outputs)(
-            step.param_leaves(), hidden, state, keep, xs, targets)
+            step.param_leaves(), hidden, state, keep, xs, targets, self._call_values(prepared))
         step.write_hidden(hidden)
         self._carry = (hidden, state)
         grads = step.grads_tree(grads)
@@ -387,6 +393,21 @@ class Learner(abc.ABC):
         """The algorithm's state at the start of a run, all zeros, in new arrays (one per
         leaf: the state is donated to the call)."""
         return ()
+
+    def _follow_parameters(self, prepared, continuing: bool) -> None:
+        """Before a call: bring what the algorithm derived from the parameters (ES-D-RTRL's
+        inferred decays) up to their current values; ``continuing`` when the call goes on
+        with the traces of an ``advance()`` run."""
+
+    def _call_values(self, prepared):
+        """Numbers derived from the current parameters that the compiled program takes as
+        an argument rather than as constants, so that they change without a new
+        compilation (a pytree; ``()`` when there are none)."""
+        return ()
+
+    def _traced_call(self, values, sequence):
+        """``sequence()``, traced with :meth:`_call_values`'s ``values`` at hand."""
+        return sequence()
 
     @abc.abstractmethod
     def _sequence(self, prepared, loss_fn, params, hidden, state, xs, targets, return_outputs):

@@ -22,11 +22,17 @@ any other. Operands whose weight gradient does not involve ``x`` (a bias) only n
 in time (a linear layer with any number of coupled states) this equals D-RTRL, and so
 BPTT on one such layer; on spiking layers it is an approximation.
 
-``Dbar`` is taken after two steps from the model's initial state with zero input, with
-functions that carry a custom derivative (surrogate spikes) held constant: for a LIF
-neuron in any style ``exp(-dt/tau)``, for an ALIF neuron at rest ``exp(-dt/tau)`` and
-``exp(-dt/tau_a)``. With ``decay`` given, every op has that one decay instead, paired
-with its whole output trace. :meth:`report` shows each op's decays.
+``Dbar`` is taken after two steps from the model's initial state with zero input, every
+function differentiated as its value changes, so that spikes are constant whatever their
+lowering (:mod:`._analysis.held`): for a LIF neuron in any style ``exp(-dt/tau)``, for
+an ALIF neuron at rest ``exp(-dt/tau)`` and ``exp(-dt/tau_a)``. When ``Dbar`` depends on
+parameters (a trainable time constant), the decays are inferred again at every call from
+the parameters of that call and passed to the compiled program as arguments, so they
+follow training without a new compilation; a change in their number or kind (two decays
+merging, a pair appearing) starts new traces in :meth:`value_and_grad` and is refused in
+the middle of an :meth:`advance` run. With ``decay`` given, every op has that one decay
+instead, paired with its whole output trace. :meth:`report` shows each op's decays, those
+of the last call.
 
 ``cross_layer=1`` follows each factorised trace one hop further, through the dynamics of
 the neurons of the op that reads its neurons (the next layer, a leaky readout): per such
@@ -115,6 +121,8 @@ class _Plan:
       single: ES ops with one input trace paired with the whole output trace.
       hops: with ``cross_layer=1``, every :class:`~._analysis.hops.Hop` of the step.
       hop_traces: per one-hop trace, a :class:`_HopTrace`.
+      keys: per input trace, what identifies it (the input, then its decay, or with
+        decays that follow the parameters its group and mode).
     """
     exact: frozenset
     modes: dict
@@ -125,6 +133,23 @@ class _Plan:
     single: frozenset
     hops: list = ()
     hop_traces: list = ()
+    keys: tuple = ()
+
+    @property
+    def structure(self) -> tuple:
+        """What the traces' shapes and wiring depend on, the decays' values left out."""
+        return (self.keys, tuple((k, tuple(s for s, _ in p)) for k, p in self.pairs.items()),
+                self.single, tuple((ht.op, ht.hop) for ht in self.hop_traces))
+
+    @property
+    def values(self) -> dict:
+        """The numbers the traced program reads: per input trace the coefficients of its
+        update (``reads``), per factorised op its stacked ``C`` matrices, per one-hop
+        trace the reader's decay; Python floats and numpy arrays."""
+        return dict(reads=[[c for c, _ in r] for r in self.reads],
+                    C={k: np.stack([c for _, c in p]) for k, p in self.pairs.items()
+                       if k not in self.single},
+                    hop=[ht.decay for ht in self.hop_traces])
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -227,7 +252,9 @@ class ES_D_RTRL(OnlineLearner):
         self.exact_budget = optional(integer, 'exact_budget', exact_budget, sign='non-negative',
                                      means='only the ops named by exact')
         self._exact_ops = {}    # graph id -> ops with exact traces
-        self._plans = {}        # graph id -> _Plan
+        self._plans = {}        # graph id -> _Plan (of the last call)
+        self._rest = {}         # graph id -> RestJacobians, where decays are inferred
+        self._values_in_call = None   # while a call is traced: its plan values, traced
 
     # ------------------------------------------------------------------ which ops, which decays
     def _prepare(self, step):
@@ -266,22 +293,74 @@ class ES_D_RTRL(OnlineLearner):
         return frozenset(chosen)
 
     def _plan(self, graph) -> _Plan:
-        """The tracing of each grouped op (decays inferred once per analysed step)."""
+        """The tracing of each grouped op, with the decays of the last call."""
         if id(graph) not in self._plans:
             self._plans[id(graph)] = self._make_plan(graph)
         return self._plans[id(graph)]
 
-    def _make_plan(self, graph) -> _Plan:
+    def _values(self, graph) -> dict:
+        """The plan's numbers as the traced program reads them: arguments of the call when
+        the decays follow the parameters (:meth:`_call_values`), else constants."""
+        if self._values_in_call is not None:
+            return self._values_in_call
+        return self._plan(graph).values
+
+    def _follows_parameters(self, graph) -> bool:
+        rest = self._rest.get(id(graph))
+        return rest is not None and rest.depends_on_params
+
+    def _follow_parameters(self, graph, continuing: bool) -> None:
+        """Infer the decays again from the model's parameters, where they depend on them."""
+        if not self._follows_parameters(graph):
+            return
+        old = self._plan(graph)
+        new = self._make_plan(graph, self._rest[id(graph)](graph.step.param_leaves()))
+        if new.structure != old.structure:
+            describe = lambda plan: '; '.join(
+                f'{graph.ops[k].label}: {", ".join(m.describe() for m in found)}'
+                for k, found in plan.modes.items())
+            if continuing:
+                raise ValueError(f'ES_D_RTRL: the decays inferred from the parameters changed '
+                                 f'in number or kind during an advance() run ({describe(old)} '
+                                 f'became {describe(new)}), so the traces of the run no '
+                                 f'longer fit them; call reset(batch_size) to start new '
+                                 f'traces, or pass ES_D_RTRL(model, decay=...).')
+            self._compiled.clear()
+            self._state_specs.pop(id(graph), None)
+            self._carry = None
+        self._plans[id(graph)] = new
+
+    def _call_values(self, graph):
+        if not self._follows_parameters(graph):
+            return ()
+        dtype = self.dtype(graph)
+        return jax.tree.map(lambda v: jnp.asarray(v, dtype), self._plan(graph).values)
+
+    def _traced_call(self, values, sequence):
+        self._values_in_call = values if values != () else None
+        try:
+            return sequence()
+        finally:
+            self._values_in_call = None
+
+    def _make_plan(self, graph, mean_jacobians=None) -> _Plan:
+        """The plan for the decays of ``mean_jacobians`` (``Dbar`` per group; inferred
+        from the model's current parameters when None)."""
         exact = self._exact_ops[id(graph)]
         es_ops = [k for k, op in enumerate(graph.ops) if op.group is not None and k not in exact]
         if self.decay is not None:
             group_modes = {gi: spectrum.single_decay(self.decay, grp.m)
                            for gi, grp in enumerate(graph.groups)}
         elif es_ops:
-            group_modes = {gi: spectrum.modes(d)
-                           for gi, d in enumerate(spectrum.mean_state_jacobians(graph))}
+            if mean_jacobians is None:
+                rest = self._rest[id(graph)] = spectrum.RestJacobians(graph)
+                mean_jacobians = rest(graph.step.param_leaves())
+            group_modes = {gi: spectrum.modes(d) for gi, d in enumerate(mean_jacobians)}
         else:
             group_modes = {}
+        # decays that follow the parameters are keyed by group and mode, not by value, so
+        # that two groups whose decays happen to agree do not share traces that must part
+        following = self._follows_parameters(graph)
         keys, filters, pairs, single = [], [], {}, set()
         for k in es_ops:
             op = graph.ops[k]
@@ -295,15 +374,21 @@ class ES_D_RTRL(OnlineLearner):
             if is_single:
                 single.add(k)
             x_key = op.x_var if not is_literal(op.x_var) else ('literal', k)
+            if following:
+                mode_of = {(m.decay.real, m.decay.imag): j for j, m in enumerate(found)}
+                trace_key = lambda fk, g=op.group, mode_of=mode_of: (g, mode_of[fk[:2]], *fk[2:])
+            else:
+                trace_key = lambda fk: fk
             pairs[k] = []
             for filt, C in spectrum.filters(found):
-                key = (x_key, filt.key)
+                key = (x_key, trace_key(filt.key))
                 if key not in keys:
                     keys.append(key)
-                    filters.append((k, filt))
+                    filters.append((k, filt, trace_key))
                 pairs[k].append((keys.index(key), None if is_single else C))
-        reads = [[(c, keys.index((keys[s][0], key))) for c, key in filt.reads()]
-                 for s, (_, filt) in enumerate(filters)]
+        reads = [[(c, keys.index((keys[s][0], trace_key(key)))) for c, key in filt.reads()]
+                 for s, (_, filt, trace_key) in enumerate(filters)]
+        filters = [(k, filt) for k, filt, _ in filters]
         found_hops = hop_paths.find_hops(graph) if self.cross_layer and es_ops else []
         hop_traces = [_HopTrace(k, j, *self._hop_modes(graph, hop, k, group_modes, pairs))
                       for j, hop in enumerate(found_hops) for k in es_ops
@@ -312,7 +397,7 @@ class ES_D_RTRL(OnlineLearner):
             hop_paths.check_linear(graph, found_hops[j])
         return _Plan(exact, {k: group_modes[graph.ops[k].group] for k in es_ops},
                      self.decay is not None, filters, reads, pairs, frozenset(single),
-                     found_hops, hop_traces)
+                     found_hops, hop_traces, tuple(keys))
 
     def _hop_modes(self, graph, hop, k, group_modes, pairs):
         """``(decay of the reader's neurons, modes of op k)`` for a one-hop trace; refuses
@@ -364,12 +449,12 @@ class ES_D_RTRL(OnlineLearner):
         return self._plan(graph).hops
 
     def _advance_ops(self, graph, state, sig, weights):
-        plan = self._plan(graph)
+        plan, values = self._plan(graph), self._values(graph)
         ones = [1.0] * len(plan.filters)
         inputs = [sig.op_inputs[k] for k, _ in plan.filters]
-        norms = _filtered(plan, state['norm'], ones)
-        x_traces = _filtered(plan, state['x'], [x.astype(t.dtype) for x, t in
-                                                zip(inputs, state['x'])])
+        norms = _filtered(plan, values, state['norm'], ones)
+        x_traces = _filtered(plan, values, state['x'], [x.astype(t.dtype) for x, t in
+                                                        zip(inputs, state['x'])])
         out_traces = {}
         for k in plan.pairs:
             d, df = self.signals_in_y_layout(graph, k, sig)
@@ -379,7 +464,7 @@ class ES_D_RTRL(OnlineLearner):
         new = dict(x=x_traces, f=out_traces, norm=norms, exact=exact)
         hop_dw = {k: jax.tree.map(jnp.zeros_like, dw) for k, dw in state['hop_dw'].items()}
         hop = []
-        for ht, old in zip(plan.hop_traces, state['hop']):
+        for j, (ht, old) in enumerate(zip(plan.hop_traces, state['hop'])):
             # this step's one-hop term reads the traces of the step before: the reader's
             # neurons carry them on by D^t, and g^t reads the result
             reader = graph.ops[plan.hops[ht.hop].reader]
@@ -388,22 +473,24 @@ class ES_D_RTRL(OnlineLearner):
                 g = graph.y_layout(reader, sig.g[reader.group], 1).astype(d.dtype)
                 dw = self._hop_dw(graph, ht, old, jnp.einsum('...a,...ab->...b', g, d), weights)
                 hop_dw[ht.op] = jax.tree.map(jnp.add, hop_dw[ht.op], dw)
-            hop.append(self._advance_hop(graph, ht, old, new, sig, d, df))
+            hop.append(self._advance_hop(graph, ht, values['hop'][j], values['C'].get(ht.op),
+                                         old, new, sig, d, df))
         return dict(new, hop=hop, hop_dw=hop_dw)
 
-    def _advance_hop(self, graph, ht, old, new, sig, d, df):
-        """One one-hop trace advanced by one step, from the op's new traces ``new``::
+    def _advance_hop(self, graph, ht, a, C_op, old, new, sig, d, df):
+        """One one-hop trace advanced by one step, from the op's new traces ``new``, with
+        ``a`` the reader's decay and ``C_op`` the op's stacked ``C`` (None: one decay)::
 
             x_lm = a_m x_lm + ex_c          norm_lm = a_m norm_lm + Z_c
             post = a_m post + psi . (P_c ef)   sig = D_m sig + Df_m Z_c
         """
-        op, a = graph.ops[ht.op], ht.decay
+        op = graph.ops[ht.op]
         psi = graph.y_layout(op, sig.psi[ht.hop], 1).astype(d.dtype)
         out = dict(x=[], norm=[], post=[], sig=[])
-        for c, (s, C) in enumerate(ht.modes):
+        for c, (s, _) in enumerate(ht.modes):
             ef = new['f'][ht.op]
-            if C is not None:
-                ef = jnp.einsum('ab,...b->...a', jnp.asarray(C, ef.dtype), ef)
+            if C_op is not None:
+                ef = jnp.einsum('ab,...b->...a', jnp.asarray(C_op[c], ef.dtype), ef)
             z = new['norm'][s].astype(d.dtype)
             out['x'].append(a * old['x'][c] + new['x'][s])
             out['norm'].append(a * old['norm'][c] + z)
@@ -461,7 +548,7 @@ class ES_D_RTRL(OnlineLearner):
         op, pairs, ef = graph.ops[k], self._plan(graph).pairs[k], state['f'][k]
         rule = lambda x, cotangent: op.primitive.rule('xy_to_dw')(x, cotangent, w, **op.params)
         z = jnp.stack([state['norm'][s] for s, _ in pairs]).astype(ef.dtype)
-        C = jnp.asarray(np.stack([c for _, c in pairs]), ef.dtype)
+        C = jnp.asarray(self._values(graph)['C'][k], ef.dtype)
         # W = sum_c C_c z_c, the output trace of a constant input; M_c = C_c W^{-1}
         M = jnp.einsum('kab,bc->kac', C, jnp.linalg.inv(jnp.einsum('k,kab->ab', z, C)))
         cotangents = jnp.einsum('...a,kab,...b->k...', g, M, ef)
@@ -569,13 +656,13 @@ class ES_D_RTRL(OnlineLearner):
                 if not depends_on(jaxpr.jaxpr, v, set(jaxpr.jaxpr.invars))]
 
 
-def _filtered(plan: _Plan, old: list, inputs: list) -> list:
+def _filtered(plan: _Plan, values: dict, old: list, inputs: list) -> list:
     """Every input trace (or norm) advanced by one step: ``sum_c coefficient * old[c]``
-    over what it reads, plus its input where it takes one (``decay * old + x`` for a
-    trace of one real decay)."""
+    over what it reads (the coefficients from ``values['reads']``), plus its input where
+    it takes one (``decay * old + x`` for a trace of one real decay)."""
     new = []
     for s, (_, filt) in enumerate(plan.filters):
-        terms = [c * old[r] for c, r in plan.reads[s]]
+        terms = [c * old[r] for c, (_, r) in zip(values['reads'][s], plan.reads[s])]
         value = terms[0]
         for term in terms[1:]:
             value = value + term
